@@ -1,0 +1,89 @@
+"""The attention seam: the one place where stages differ inside the model.
+
+The transformer (model.py) never changes from stage to stage. It flattens a batch into
+rows of tokens, computes q, k, v for every row, and hands them to an *attention backend*
+together with `AttentionMetadata` describing the batch. Stage 01's backend recomputes
+full causal attention over the whole sequence; stage 02 keeps K/V in a cache; stage 03
+pages it; stage 06 swaps the PyTorch math for Triton kernels. Same model, new backend.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    """What attention must know about the flat batch of this forward pass.
+
+    The batch holds B sequences; the new tokens of sequence b are rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] of q/k/v (vLLM's naming). Later stages subclass
+    this to add what their caches need (block tables, slot mapping, ...).
+    """
+
+    positions: torch.Tensor     # [T] int64: absolute position of each row's token (for RoPE)
+    cu_seqlens_q: torch.Tensor  # [B+1] int64: row offsets of each sequence's new tokens
+    seq_lens: torch.Tensor      # [B] int64: each sequence's total length after this step
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.numel()
+
+    @property
+    def query_lens(self) -> torch.Tensor:
+        return self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]
+
+    @classmethod
+    def for_full_sequences(cls, lengths: list[int], device: torch.device | str = "cpu") -> "AttentionMetadata":
+        """Metadata for sequences processed whole, from position 0 (stage 01's only case)."""
+        lens = torch.tensor(lengths, dtype=torch.int64, device=device)
+        cu = torch.zeros(len(lengths) + 1, dtype=torch.int64, device=device)
+        cu[1:] = lens.cumsum(0)
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        return cls(positions=positions, cu_seqlens_q=cu, seq_lens=lens)
+
+
+class AttentionBackend(ABC):
+    """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
+
+    @abstractmethod
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """q: [T, n_heads, d]; k, v: [T, n_kv_heads, d] (already rotated). Returns [T, n_heads, d]."""
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
+    """Softmax attention of one sequence, written out so nothing is hidden.
+
+    q: [Tq, H, d] are the queries at positions q_start .. q_start+Tq-1;
+    k, v: [Tk, Hkv, d] are the keys/values at positions 0 .. Tk-1.
+    Query i may look at key j only if j <= q_start + i (causality).
+    Grouped-query attention: each of the Hkv K/V heads serves H/Hkv query heads.
+    """
+    tq, h, d = q.shape
+    tk, hkv, _ = k.shape
+    k = k.repeat_interleave(h // hkv, dim=1)  # [Tk, H, d]
+    v = v.repeat_interleave(h // hkv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * d ** -0.5
+    q_pos = torch.arange(q_start, q_start + tq, device=q.device)[:, None]
+    k_pos = torch.arange(tk, device=q.device)[None, :]
+    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+
+
+class FullCausalAttention(AttentionBackend):
+    """Stage 01: no memory at all. Every forward pass carries every token of every sequence,
+    so each sequence attends over exactly the rows it brought."""
+
+    def forward(self, layer, q, k, v, meta):
+        if not torch.equal(meta.query_lens, meta.seq_lens):
+            raise ValueError("FullCausalAttention needs whole sequences (it has no KV cache): "
+                             "each sequence's query length must equal its total length")
+        out = torch.empty_like(q)
+        bounds = meta.cu_seqlens_q.tolist()
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            out[start:end] = causal_attention(q[start:end], k[start:end], v[start:end], q_start=0)
+        return out

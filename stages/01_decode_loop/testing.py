@@ -1,0 +1,84 @@
+"""Tiny random-weight models of the same architecture, for fast tests in every stage.
+
+Each config exercises something the real model would not: grouped-query and multi-query
+attention, odd head counts, untied lm_head, Qwen2-style q/k/v biases, Llama-3 RoPE scaling,
+a head_dim that is not hidden/heads. Weights are seeded, so every run sees the same model.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+from .model import CausalLM, init_random_weights
+
+BYTE_VOCAB = 256 + 2  # every byte, plus <s> and </s>
+TINY_EOS = 257
+
+_BASE = dict(vocab_size=BYTE_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+             rope_theta=10000.0, max_position_embeddings=512, bos_token_id=256, eos_token_ids=[TINY_EOS])
+
+TINY_CONFIGS: dict[str, ModelConfig] = {
+    "gqa_tied": ModelConfig(**{**_BASE, "tie_word_embeddings": True}),
+    "mha_untied": ModelConfig(**{**_BASE, "num_key_value_heads": 4}),
+    "mqa_odd_heads": ModelConfig(**{**_BASE, "hidden_size": 48, "num_attention_heads": 3,
+                                    "num_key_value_heads": 1, "num_hidden_layers": 3}),
+    "qwen2_bias": ModelConfig(**{**_BASE, "hidden_size": 72, "num_attention_heads": 6, "num_key_value_heads": 2,
+                                 "head_dim": 12, "qkv_bias": True, "model_type": "qwen2",
+                                 "rope_theta": 1_000_000.0}),
+    "llama3_rope": ModelConfig(**{**_BASE, "head_dim": 32, "tie_word_embeddings": True,
+                                  "rope_theta": 500000.0, "max_position_embeddings": 4096,
+                                  "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                   "high_freq_factor": 4.0,
+                                                   "original_max_position_embeddings": 64}}),
+}
+
+
+def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> CausalLM:
+    torch.manual_seed(seed)  # module construction draws from the global RNG; keep it reproducible
+    return init_random_weights(CausalLM(TINY_CONFIGS[name]), seed).to(dtype).eval()
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer with one token per byte (ids 0..255), <s>=256, </s>=257, built
+    offline with the `tokenizers` library: enough to run the whole pipeline on tiny models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    byte_to_unicode = sorted(alphabet, key=lambda ch: _unicode_to_byte(ch))
+    vocab = {ch: i for i, ch in enumerate(byte_to_unicode)}
+    vocab.update({"<s>": 256, "</s>": TINY_EOS})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "</s>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   clean_up_tokenization_spaces=False)
+
+
+def _unicode_to_byte(ch: str) -> int:
+    """Inverse of GPT-2's byte->printable-unicode table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    if ord(ch) in printable:
+        return ord(ch)
+    others = [b for b in range(256) if b not in printable]
+    return others[ord(ch) - 256]
+
+
+def save_hf_folder(model: CausalLM, tokenizer, path) -> None:
+    """Write a model the way Hugging Face lays it out (config.json + model.safetensors +
+    tokenizer files), so tests can load it back through every loader we have."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (model.config.tie_word_embeddings and k == "lm_head.weight")}
+    save_file(state, path / "model.safetensors")
+    (path / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
+    tokenizer.save_pretrained(path)

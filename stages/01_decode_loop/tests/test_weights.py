@@ -1,0 +1,75 @@
+"""Loading: HF folders round-trip, and every broken input gets an error that says how to fix it."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from course.s01_decode_loop import default_model
+from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
+from course.s01_decode_loop.testing import save_hf_folder, tiny_model
+from course.s01_decode_loop.weights import ModelLoadError, load_model
+
+
+def test_weights_hf_folder_round_trip(tmp_path, byte_tok):
+    for name in ["gqa_tied", "mha_untied"]:
+        model = tiny_model(name, seed=3)
+        save_hf_folder(model, byte_tok, tmp_path / name)
+        loaded = load_model(tmp_path / name)
+        assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight or \
+            not model.config.tie_word_embeddings
+        for (k, a), b in zip(model.state_dict().items(), loaded.model.state_dict().values()):
+            assert torch.equal(a, b), k
+        # transformers reads the same folder and agrees
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / name, dtype=torch.float32)
+        ids = torch.tensor([1, 2, 3, 4])
+        ours = loaded.model.compute_logits(
+            loaded.model(ids, FullCausalAttention(), AttentionMetadata.for_full_sequences([4])))
+        torch.testing.assert_close(ours, hf(ids[None]).logits[0].detach(), atol=1e-5, rtol=1e-4)
+        assert loaded.eos_token_ids == [257]
+
+
+def test_weights_corrupt_safetensors_says_how_to_fix(tmp_path, byte_tok):
+    save_hf_folder(tiny_model("gqa_tied"), byte_tok, tmp_path)
+    blob = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(blob[: len(blob) // 2])  # truncated download
+    with pytest.raises(ModelLoadError, match=r"corrupt.*Delete it"):
+        load_model(tmp_path)
+
+
+def test_weights_missing_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="No model at"):
+        load_model(tmp_path / "nope" / "model")
+    with pytest.raises(ModelLoadError, match="No such GGUF file"):
+        load_model(tmp_path / "missing.gguf")
+
+
+@pytest.mark.parametrize("content", [b"not a gguf at all", b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40])
+def test_weights_corrupt_gguf_says_how_to_fix(tmp_path, monkeypatch, content):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(content)
+    monkeypatch.setenv("COURSE_MODEL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelLoadError, match=r"GGUF.*Delete it"):
+        load_model(bad)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())  # no half cache
+
+
+def test_weights_default_model_env_pointing_nowhere(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COURSE_SMOLLM2_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(ModelLoadError, match="COURSE_SMOLLM2_GGUF.*does not exist"):
+        load_model(None)
+
+
+def test_weights_default_model_cache_is_configurable(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_MODEL_CACHE", str(tmp_path))
+    assert default_model.default_model_dir() == tmp_path / "SmolLM2-135M-Instruct"
+
+
+@pytest.mark.slow
+def test_weights_real_model_has_the_documented_shape(smollm2):
+    c = smollm2.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == \
+        (30, 576, 9, 3, 64)
+    assert c.tie_word_embeddings and c.vocab_size == 49152 and c.rope_theta == 100000.0
+    assert smollm2.eos_token_ids == [2]
+    assert "<|im_start|>" in smollm2.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
