@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer, tiny_model
+from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer, save_hf_folder, tiny_model
 
 
 @pytest.fixture(params=sorted(TINY_CONFIGS))
@@ -16,6 +16,14 @@ def tiny(request):
 @pytest.fixture(scope="session")
 def byte_tok():
     return byte_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory, byte_tok):
+    """A tiny model saved as a Hugging Face folder, for tests that load by path (CLIs, servers)."""
+    path = tmp_path_factory.mktemp("tiny")
+    save_hf_folder(tiny_model("gqa_tied", seed=0), byte_tok, path)
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,10 @@
   python -m course.sNN_name --prompt "..." [--prompts-file F] [--chat] --max-new-tokens N
       [--temperature T --top-p P --top-k K --seed S] [--model PATH] [--json]
 
-A stage passes its own `stream_fn(model, seq)` (how it turns a Sequence into tokens), so the
-flags, the output format and the numbers printed are the same from stage to stage.
+A stage passes its own `stream_fn(model, seq)` (how it turns a Sequence into tokens), or a
+`make_stream(loaded, args)` that builds one (an engine with a KV pool, say) plus `add_args` for
+its own flags; the common flags, output format and numbers stay the same from stage to stage.
+If the stream has a `stats()` method, its result goes into the JSON as "stats".
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch
 from .generate import encode_prompt, stream_naive
 from .sampling import SamplingParams
 from .sequence import Sequence, TokenEvent
-from .weights import ModelLoadError, load_model
+from .weights import LoadedModel, ModelLoadError, load_model
 
 StreamFn = Callable[[torch.nn.Module, Sequence], Iterator[TokenEvent]]
 
@@ -70,8 +72,12 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 
 
 def main(argv: list[str] | None = None, stream_fn: StreamFn = stream_naive,
-         description: str = "Stage 01: the naive decode loop (no KV cache).") -> int:
+         description: str = "Stage 01: the naive decode loop (no KV cache).",
+         make_stream: Callable[[LoadedModel, argparse.Namespace], StreamFn] | None = None,
+         add_args: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
     parser = build_parser(description)
+    if add_args:
+        add_args(parser)
     args = parser.parse_args(argv)
     prompts = read_prompts(args)
     if not prompts:
@@ -79,18 +85,27 @@ def main(argv: list[str] | None = None, stream_fn: StreamFn = stream_naive,
     try:
         params = sampling_params(args)
         loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+        if make_stream:
+            stream_fn = make_stream(loaded, args)
     except (ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for prompt in prompts:
         ids = encode_prompt(loaded.tokenizer, prompt, chat=args.chat, system=args.system)
         seq = Sequence(ids, params, loaded.tokenizer, loaded.eos_token_ids)
-        for event in stream_fn(loaded.model, seq):
-            if not args.json:
-                print(event.text, end="", flush=True)
+        try:
+            for event in stream_fn(loaded.model, seq):
+                if not args.json:
+                    print(event.text, end="", flush=True)
+        except ValueError as e:  # a request the engine refuses (too long for its cache, ...)
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         out = seq.output()
         if args.json:
-            print(json.dumps(out.to_json(prompt)), flush=True)
+            row = out.to_json(prompt)
+            if hasattr(stream_fn, "stats"):
+                row["stats"] = stream_fn.stats()
+            print(json.dumps(row), flush=True)
         else:
             print(f"\n[{len(out.token_ids)} tokens, finish={out.finish_reason}, TTFT {out.ttft_s * 1e3:.0f} ms, "
                   f"TPOT {out.tpot_s * 1e3:.0f} ms]", file=sys.stderr)

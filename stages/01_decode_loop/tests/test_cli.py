@@ -6,14 +6,6 @@ import sys
 import pytest
 
 from course.s01_decode_loop.cli import main
-from course.s01_decode_loop.testing import save_hf_folder, tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, byte_tok):
-    path = tmp_path_factory.mktemp("tiny")
-    save_hf_folder(tiny_model("gqa_tied", seed=0), byte_tok, path)
-    return path
 
 
 def test_cli_json_one_object_per_prompt(tiny_folder, tmp_path, capsys):
