@@ -1,0 +1,188 @@
+"""Paged KV memory: a pool of fixed-size blocks, per-sequence block tables, reference counts,
+and prefix caching by hashed blocks (the memory side of PagedAttention, Kwon et al. 2023).
+
+A sequence's K/V no longer needs one contiguous reservation for its longest possible length:
+it owns a list of blocks (its *block table*), one more each time the last one fills up.
+
+Prefix caching: a *full* block is named by a chained hash of its token ids and of the block
+before it, so equal hashes mean equal prefixes. A new request reuses every cached full block
+of its prompt and computes only the rest. A freed block keeps its hash and stays reusable
+until memory pressure evicts it (least recently freed first).
+
+Partially filled blocks are never shared, so no one ever writes into a block someone else
+reads. Two places where that matters:
+  * a prompt whose blocks are *all* cached still needs logits for its last token, so the last
+    block is not taken from the cache but recomputed into a private block;
+  * `fork` (parallel sampling) shares the full blocks and gives the child a private copy of
+    the partial last block: the caller copies that block's K/V (copy at fork time).
+"""
+from __future__ import annotations
+
+from array import array
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from hashlib import blake2b
+
+from course.s02_kv_cache.kv_cache import CacheCapacityError
+
+
+class NoFreeBlocksError(CacheCapacityError):
+    """The pool cannot hold this request now; nothing was changed."""
+
+
+def hash_block(prev_hash: bytes | None, token_ids) -> bytes:
+    """Chained block hash: equal hashes mean the same tokens *and* the same prefix before them."""
+    h = blake2b(prev_hash or b"", digest_size=16)
+    h.update(array("q", token_ids).tobytes())
+    return h.digest()
+
+
+@dataclass
+class Block:
+    block_id: int
+    ref_count: int = 0
+    block_hash: bytes | None = None  # set once the block is full and its K/V computed
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: deque[int] = deque(range(num_blocks))   # empty blocks
+        self.cached_free: OrderedDict[bytes, int] = OrderedDict()  # ref 0 but hashed: LRU order
+        self.hash_to_block: dict[bytes, int] = {}              # every hashed block, used or not
+        self.tables: dict[int, list[int]] = {}                  # seq_id -> block ids
+        self.hashed: dict[int, tuple[int, bytes | None]] = {}  # seq_id -> (blocks named, last hash)
+        self.prefix_hit_tokens = 0                              # statistics
+        self.prompt_tokens = 0
+
+    # ---- questions ----------------------------------------------------------------------
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks that can be handed out: empty ones plus cached ones nobody uses (evictable)."""
+        return len(self.free_ids) + len(self.cached_free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Block ids of the longest cached run of full blocks at the start of `token_ids`,
+        leaving at least one token to compute (its logits are needed)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits, prev = [], None
+        for i in range(len(token_ids) // self.block_size):
+            prev = hash_block(prev, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            if prev not in self.hash_to_block:
+                break
+            hits.append(self.hash_to_block[prev])
+        if len(hits) * self.block_size >= len(token_ids):
+            hits.pop()  # all cached: recompute the last block privately (see the module doc)
+        return hits
+
+    def can_allocate(self, token_ids: list[int]) -> bool:
+        """Would `allocate` succeed now? (Cached blocks in use by others cost nothing.)"""
+        hits = self.cached_prefix(token_ids)
+        shared = sum(1 for b in hits if self.blocks[b].ref_count > 0)
+        return self.blocks_needed(len(token_ids)) - shared <= self.num_free_blocks
+
+    # ---- changes ------------------------------------------------------------------------
+    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
+        """Give `seq_id` blocks for its prompt, reusing cached ones. Returns the number of
+        prompt tokens whose K/V are already in the cache (to be skipped by prefill)."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        if self.blocks_needed(len(token_ids)) > self.num_blocks:
+            raise NoFreeBlocksError(f"a {len(token_ids)}-token sequence needs {self.blocks_needed(len(token_ids))} "
+                                    f"blocks of {self.block_size}; the whole pool has {self.num_blocks}")
+        if not self.can_allocate(token_ids):
+            raise NoFreeBlocksError(f"not enough free KV blocks now ({self.num_free_blocks} free)")
+        hits = self.cached_prefix(token_ids)
+        for b in hits:
+            self._take(b)
+        fresh = [self._take_free() for _ in range(self.blocks_needed(len(token_ids)) - len(hits))]
+        self.tables[seq_id] = hits + fresh
+        self.hashed[seq_id] = (len(hits), self.blocks[hits[-1]].block_hash if hits else None)
+        self.prefix_hit_tokens += len(hits) * self.block_size
+        self.prompt_tokens += len(token_ids)
+        return len(hits) * self.block_size
+
+    def append_slot(self, seq_id: int, num_tokens: int) -> None:
+        """Make room for the sequence to hold `num_tokens` tokens (one more block when the
+        last is full). Raises NoFreeBlocksError, changing nothing, when the pool is empty."""
+        table = self.tables[seq_id]
+        missing = self.blocks_needed(num_tokens) - len(table)
+        if missing > self.num_free_blocks:
+            raise NoFreeBlocksError(f"sequence {seq_id} needs {missing} more block(s); none free")
+        table.extend(self._take_free() for _ in range(missing))
+
+    def commit(self, seq_id: int, token_ids: list[int]) -> None:
+        """`token_ids` now have K/V in the cache: name each newly full block by its hash so
+        later requests can reuse it."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.tables[seq_id]
+        done, prev = self.hashed[seq_id]
+        for i in range(done, len(token_ids) // self.block_size):
+            prev = hash_block(prev, token_ids[i * self.block_size:(i + 1) * self.block_size])
+            block = self.blocks[table[i]]
+            if prev not in self.hash_to_block:  # an identical block computed twice keeps one name
+                block.block_hash = prev
+                self.hash_to_block[prev] = block.block_id
+            self.hashed[seq_id] = (i + 1, prev)
+
+    def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
+        """The child shares the parent's full blocks; its partial last block is a private
+        copy. Returns [(src, dst)] block copies the caller must make in the K/V pool."""
+        table = self.tables[parent_id]
+        partial = self.hashed[parent_id][0] < len(table)  # the last block may still be written
+        shared = table[:-1] if partial else list(table)
+        if partial and self.num_free_blocks < 1:
+            raise NoFreeBlocksError("no free block for the forked sequence's last block")
+        for b in shared:
+            self._take(b)
+        copies = []
+        if partial:
+            dst = self._take_free()
+            copies.append((table[-1], dst))
+            shared = shared + [dst]
+        self.tables[child_id] = shared
+        self.hashed[child_id] = self.hashed[parent_id]
+        return copies
+
+    def free(self, seq_id: int) -> None:
+        """Release a sequence's blocks. Hashed blocks stay cached; the tail is freed first so
+        that eviction takes the ends of prefixes before their beginnings."""
+        for b in reversed(self.tables.pop(seq_id)):
+            block = self.blocks[b]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is not None:
+                    self.cached_free[block.block_hash] = b
+                else:
+                    self.free_ids.append(b)
+        del self.hashed[seq_id]
+
+    # ---- internals ----------------------------------------------------------------------
+    def _take(self, b: int) -> None:
+        block = self.blocks[b]
+        if block.ref_count == 0:
+            del self.cached_free[block.block_hash]
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        if self.free_ids:
+            b = self.free_ids.popleft()
+        else:  # evict the least recently freed cached block
+            _, b = self.cached_free.popitem(last=False)
+            del self.hash_to_block[self.blocks[b].block_hash]
+            self.blocks[b].block_hash = None
+        self.blocks[b].ref_count = 1
+        return b

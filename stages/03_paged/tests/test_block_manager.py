@@ -1,0 +1,149 @@
+"""Property-based tests of the BlockManager: whatever the interleaving of allocate, append,
+fork and free, no block leaks or is freed twice, reference counts equal the number of live
+users, and once everything is freed the pool is whole again."""
+import copy
+from collections import Counter
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from course.s03_paged.block_manager import BlockManager, NoFreeBlocksError, hash_block
+
+BS = 4
+tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # tiny alphabet: prefixes collide often
+
+
+def snapshot(bm: BlockManager):
+    return copy.deepcopy((bm.blocks, list(bm.free_ids), list(bm.cached_free.items()), bm.hash_to_block,
+                          bm.tables, bm.hashed))
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.bm = BlockManager(num_blocks=12, block_size=BS)
+        self.seqs: dict[int, list[int]] = {}  # seq_id -> its tokens (all computed)
+        self.next_id = 0
+
+    @rule(prompt=tokens)
+    def allocate(self, prompt):
+        before = snapshot(self.bm)
+        try:
+            cached = self.bm.allocate(self.next_id, prompt)
+        except NoFreeBlocksError:
+            assert snapshot(self.bm) == before, "a refused allocation changed the pool"
+            return
+        assert cached % BS == 0 and cached < len(prompt)
+        self.bm.commit(self.next_id, prompt)
+        self.seqs[self.next_id] = list(prompt)
+        self.next_id += 1
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), new=st.lists(st.integers(0, 2), min_size=1, max_size=5))
+    def append(self, data, new):
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        before = snapshot(self.bm)
+        try:
+            self.bm.append_slot(sid, len(self.seqs[sid]) + len(new))
+        except NoFreeBlocksError:
+            assert snapshot(self.bm) == before, "a refused append changed the pool"
+            return
+        self.seqs[sid] += new
+        self.bm.commit(sid, self.seqs[sid])
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def fork(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        before = snapshot(self.bm)
+        try:
+            copies = self.bm.fork(sid, self.next_id)
+        except NoFreeBlocksError:
+            assert snapshot(self.bm) == before
+            return
+        parent, child = self.bm.tables[sid], self.bm.tables[self.next_id]
+        assert len(child) == len(parent) and all(dst not in parent for _, dst in copies)
+        self.seqs[self.next_id] = list(self.seqs[sid])
+        self.next_id += 1
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def free(self, data):
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        self.bm.free(sid)
+        del self.seqs[sid]
+
+    @invariant()
+    def ref_counts_equal_live_users(self):
+        users = Counter(b for table in self.bm.tables.values() for b in table)
+        assert all(blk.ref_count == users[blk.block_id] for blk in self.bm.blocks)
+
+    @invariant()
+    def every_block_is_in_exactly_one_place(self):
+        free = list(self.bm.free_ids) + list(self.bm.cached_free.values())
+        assert len(free) == len(set(free)), "a block is free twice"
+        used = {b for table in self.bm.tables.values() for b in table}
+        assert not used & set(free), "a used block is also free"
+        assert used | set(free) == set(range(self.bm.num_blocks)), "a block leaked"
+
+    @invariant()
+    def hashes_name_their_blocks(self):
+        for h, b in self.bm.hash_to_block.items():
+            assert self.bm.blocks[b].block_hash == h
+        for h, b in self.bm.cached_free.items():
+            assert self.bm.hash_to_block[h] == b and self.bm.blocks[b].ref_count == 0
+
+    @invariant()
+    def tables_cover_their_tokens(self):
+        for sid, toks in self.seqs.items():
+            assert len(self.bm.tables[sid]) == -(-len(toks) // BS)
+
+    def teardown(self):
+        for sid in list(self.seqs):
+            self.bm.free(sid)
+        assert self.bm.num_free_blocks == self.bm.num_blocks and not self.bm.tables
+
+
+TestBlockManagerProperties = BlockManagerMachine.TestCase
+TestBlockManagerProperties.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+def test_block_manager_prefix_hits_reuse_full_blocks_only():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = list(range(10))  # blocks [0-3] [4-7] [8,9]
+    bm.allocate(0, a)
+    bm.commit(0, a)
+    b = a[:9] + [99, 98]  # same first two full blocks
+    assert bm.allocate(1, b) == 8
+    assert bm.tables[1][:2] == bm.tables[0][:2] and bm.tables[1][2] != bm.tables[0][2]
+    assert [bm.blocks[i].ref_count for i in bm.tables[0][:2]] == [2, 2]
+
+
+def test_block_manager_fully_cached_prompt_recomputes_last_block():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = list(range(8))
+    bm.allocate(0, a)
+    bm.commit(0, a)
+    bm.free(0)
+    assert bm.allocate(1, a) == 4  # one block reused, the last recomputed for its logits
+
+
+def test_block_manager_evicts_least_recently_freed_first():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    for sid, prompt in enumerate([[1, 1, 0], [2, 2, 0]]):
+        bm.allocate(sid, prompt)
+        bm.commit(sid, prompt)
+        bm.free(sid)
+    assert len(bm.cached_free) == 2
+    bm.allocate(5, [7, 7, 7, 7, 0])  # 3 blocks: the free one, then evict [1,1], then [2,2]
+    assert not bm.cached_free and hash_block(None, [1, 1]) not in bm.hash_to_block
+
+
+def test_block_manager_refuses_what_never_fits_and_changes_nothing():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    before = snapshot(bm)
+    with pytest.raises(NoFreeBlocksError, match="needs 3 blocks of 4; the whole pool has 2"):
+        bm.allocate(0, list(range(9)))
+    assert snapshot(bm) == before
