@@ -1,0 +1,153 @@
+"""LLMEngine: many requests, one forward pass per iteration.
+
+    step() = schedule -> run -> postprocess
+
+* schedule: the Scheduler picks (request, number of tokens) pairs under a token budget;
+* run: their tokens are flattened into ONE ragged batch (prefill chunks and single-token
+  decodes side by side) and go through the model with stage 03's paged attention;
+* postprocess: every request whose tokens are all computed samples its next token (with its
+  own seeded sampler, so a request's output does not depend on its neighbours), streams the
+  text, and is retired when it finishes; its blocks go back to the pool at once.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import torch
+
+from course.s01_decode_loop.model import CausalLM
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEvent
+from course.s03_paged.block_manager import BlockManager, NoFreeBlocksError
+from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+
+from .request import Request
+from .scheduler import Scheduler, SchedulingPolicy
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its bound; try again later (a server answers 429)."""
+
+
+@dataclass
+class EngineConfig:
+    num_blocks: int = 256
+    block_size: int = 16
+    max_num_seqs: int = 32              # requests running at once
+    max_num_batched_tokens: int = 256   # tokens per forward pass (the budget)
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_model_len: int | None = None    # default: the model's max_position_embeddings
+    max_waiting: int = 1024             # queue bound: admission control
+
+
+@dataclass
+class StepOutput:
+    request_id: int
+    event: TokenEvent
+
+
+class LLMEngine:
+    def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, eos_token_ids=(),
+                 policy: SchedulingPolicy | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.config = config = config or EngineConfig()
+        self.eos_token_ids = list(eos_token_ids)
+        self.max_model_len = config.max_model_len or model.config.max_position_embeddings
+        self.cache = PagedKVCache(model.config, config.num_blocks, config.block_size, model.dtype, model.device)
+        self.attn = PagedAttention(self.cache)
+        self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.enable_chunked_prefill, policy)
+        self.requests: dict[int, Request] = {}
+        self._ids = itertools.count()
+        self.step_log: list[dict] = []  # what each step scheduled (tests assert on it)
+
+    # ---- the API --------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Queue a request; refuse at once (nothing allocated) what can never run."""
+        need = len(prompt_ids) + params.max_new_tokens
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if need > self.max_model_len:
+            raise NoFreeBlocksError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                                    f"= {need} exceeds the maximum sequence length of {self.max_model_len} tokens")
+        if self.blocks.blocks_needed(need) > self.blocks.num_blocks:
+            raise NoFreeBlocksError(f"{need} tokens need {self.blocks.blocks_needed(need)} KV blocks; "
+                                    f"the pool has {self.blocks.num_blocks}")
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests)")
+        rid = next(self._ids)
+        self.requests[rid] = req = Request(rid, Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids))
+        self.scheduler.add(req)
+        return rid
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request now (a client went away): its blocks are freed at once."""
+        req = self.requests.get(request_id)
+        if req and not req.finished:
+            req.finish_reason = "abort"
+            self.scheduler.finish(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.scheduler.waiting or self.scheduler.running)
+
+    def step(self) -> list[StepOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.chunks:
+            return []
+        now = time.perf_counter()
+        for req, _ in sched.chunks:
+            req.first_scheduled_time = req.first_scheduled_time or now
+        self.step_log.append({"chunks": [(r.request_id, n, r.num_computed_tokens) for r, n in sched.chunks],
+                              "preempted": [r.request_id for r in sched.preempted]})
+        logits = self._run(sched.chunks)
+        return self._postprocess(sched.chunks, logits)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[GenerationOutput]:
+        """Offline batch: submit everything, step until all are done, outputs in prompt order."""
+        params = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while self.has_unfinished():
+            self.step()
+        return [self.requests[i].seq.output() for i in ids]
+
+    # ---- run and postprocess --------------------------------------------------------------
+    @torch.no_grad()
+    def _run(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
+        """One forward over the ragged batch; logits only for rows that will sample."""
+        token_ids, seqs, sample_rows, row = [], [], [], 0
+        for req, n in chunks:
+            start = req.num_computed_tokens
+            token_ids += req.all_ids[start:start + n]
+            seqs.append((start, n, self.blocks.tables[req.request_id]))
+            row += n
+            if start + n == req.num_tokens:  # caught up: this chunk's last row predicts the next token
+                sample_rows.append(row - 1)
+        meta = PagedAttentionMetadata.build(seqs, self.config.block_size, self.model.device)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.model.device)
+        hidden = self.model(ids, self.attn, meta)
+        return self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)
+
+    def _postprocess(self, chunks, logits) -> list[StepOutput]:
+        outputs, i = [], 0
+        for req, n in chunks:
+            req.num_computed_tokens += n
+            self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a prefill chunk that is not the last: nothing to sample yet
+            event = req.seq.append(req.seq.sample(logits[i]))
+            i += 1
+            outputs.append(StepOutput(req.request_id, event))
+            if event.finish_reason:
+                req.finish_reason = event.finish_reason
+                self.scheduler.finish(req)
+        return outputs
+
+    def stats(self) -> dict:
+        b = self.blocks
+        return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "free_blocks": b.num_free_blocks, "num_blocks": b.num_blocks,
+                "prefix_hit_tokens": b.prefix_hit_tokens, "preemptions": self.scheduler.num_preemptions}

@@ -1,0 +1,138 @@
+"""The scheduler: at every iteration, decide which requests run and how many of their tokens.
+
+Every request carries `num_computed_tokens`; what it still needs is `num_uncomputed` (its
+whole prompt at first, one token per step while decoding, everything again after a
+preemption). One rule covers prefill, chunked prefill and decode (the way vLLM's v1 scheduler
+and Sarathi-Serve think of it): hand out a token budget per step,
+
+  1. to running requests first, in priority order: decodes take 1 token, an unfinished
+     prefill takes what is left of the budget (a *chunk*), so a long prompt never stalls the
+     decodes of everyone else;
+  2. then to waiting requests, in priority order, while the budget, the sequence limit and
+     the free blocks allow.
+
+When a running request needs a block and none is free, the lowest-priority running request is
+*preempted*: its blocks are freed and it goes back to the queue, to be recomputed later
+(prefix caching usually makes that cheap: its full blocks are still cached).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+from course.s03_paged.block_manager import BlockManager
+
+from .request import Request, Status
+
+
+class SchedulingPolicy(ABC):
+    """Which request goes first. Lower keys first."""
+
+    @abstractmethod
+    def priority(self, request: Request) -> tuple: ...
+
+
+class FCFS(SchedulingPolicy):
+    """First come, first served. A preempted request keeps its place: it arrived early."""
+
+    def priority(self, request: Request) -> tuple:
+        return (request.arrival_time, request.request_id)
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[tuple[Request, int]] = field(default_factory=list)  # (request, tokens this step)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
+                 enable_chunked_prefill: bool = True, policy: SchedulingPolicy | None = None):
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.policy = policy or FCFS()
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        out, budget = SchedulerOutput(), self.max_num_batched_tokens
+        self.running.sort(key=self.policy.priority)
+        for req in list(self.running):
+            if budget == 0 or req not in self.running:  # out of budget, or preempted just now
+                continue
+            n = self._tokens_for(req, budget)
+            if n == 0:
+                continue
+            if self._make_room(req, req.num_computed_tokens + n, out):
+                out.chunks.append((req, n))
+                budget -= n
+        if not out.preempted:  # under memory pressure, admit no one new this step
+            self._admit(out, budget)
+        return out
+
+    def _tokens_for(self, req: Request, budget: int) -> int:
+        need = req.num_uncomputed
+        if self.enable_chunked_prefill:
+            return min(need, budget)
+        return need if need <= budget else 0  # without chunking a prompt runs whole or waits
+
+    def _make_room(self, req: Request, num_tokens: int, out: SchedulerOutput) -> bool:
+        """Ensure `req` has blocks for `num_tokens`, preempting from the back if needed."""
+        while self.blocks.blocks_needed(num_tokens) - len(self.blocks.tables[req.request_id]) > \
+                self.blocks.num_free_blocks:
+            victim = self.running[-1]  # lowest priority
+            self.preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        self.blocks.append_slot(req.request_id, num_tokens)
+        return True
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        self.waiting.sort(key=self.policy.priority)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            if not self.blocks.can_allocate(req.all_ids):
+                break  # FCFS: no overtaking; the head waits until blocks free up
+            cached = self.blocks.allocate(req.request_id, req.all_ids)
+            req.num_computed_tokens = cached
+            n = self._tokens_for(req, budget)
+            if n == 0:  # fits in memory but not in this step's budget (chunking off)
+                self.blocks.free(req.request_id)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.pop(0)
+            req.status = Status.RUNNING
+            self.running.append(req)
+            out.chunks.append((req, n))
+            budget -= n
+
+    def preempt(self, req: Request) -> None:
+        """Free the victim's blocks and queue it again; it will recompute what it had."""
+        self.running.remove(req)
+        self.blocks.free(req.request_id)
+        req.num_computed_tokens = 0
+        req.status = Status.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.append(req)
+
+    def finish(self, req: Request) -> None:
+        """Remove a finished or aborted request wherever it is and free its blocks at once."""
+        if req in self.running:
+            self.running.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req.request_id in self.blocks.tables:
+            self.blocks.free(req.request_id)
+        req.status = Status.FINISHED

@@ -1,0 +1,139 @@
+"""Continuous batching changes when tokens are computed, never what they are."""
+import pytest
+import torch
+
+from course.s01_decode_loop.generate import run_to_end
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import tiny_model
+from course.s03_paged.block_manager import NoFreeBlocksError
+from course.s03_paged.engine import PagedGenerator
+from course.s04_continuous_batching.engine import EngineConfig, LLMEngine, QueueFullError
+
+PROMPT_LENS = [3, 70, 17, 41, 1, 33]
+OUTPUT_LENS = [30, 4, 22, 9, 15, 1]
+
+
+def prompts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in PROMPT_LENS]
+
+
+def greedy(n):
+    return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
+
+
+def alone(model, tok, prompt, params):
+    return run_to_end(PagedGenerator(model, num_blocks=64, block_size=16), model, tok, prompt, params).token_ids
+
+
+@pytest.mark.parametrize("budget", [5, 13, 64])  # chunks that split prompts mid-block (block 4)
+def test_batching_greedy_equals_each_request_alone(tiny, byte_tok, budget):
+    name, model = tiny
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=budget))
+    params = [greedy(n) for n in OUTPUT_LENS]
+    outs = engine.generate(prompts(), params)
+    for p, sp, out in zip(prompts(), params, outs):
+        assert out.token_ids == alone(model, byte_tok, p, sp), (name, budget)
+    assert engine.blocks.num_free_blocks == 64  # the pool is whole again
+
+
+def test_batching_preemption_keeps_outputs_identical(byte_tok):
+    model = tiny_model("mqa_odd_heads")
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=20, block_size=4, max_num_batched_tokens=32))
+    params = [greedy(n) for n in OUTPUT_LENS]
+    outs = engine.generate(prompts(1), params)
+    assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
+    for p, sp, out in zip(prompts(1), params, outs):
+        assert out.token_ids == alone(model, byte_tok, p, sp)
+    assert engine.blocks.num_free_blocks == 20
+
+
+def test_batching_seeded_sampling_independent_of_neighbours(byte_tok):
+    model = tiny_model("gqa_tied")
+    target = prompts(2)[2]
+    params = SamplingParams(max_new_tokens=20, temperature=1.0, top_p=0.9, seed=42, ignore_eos=True)
+    by_itself = LLMEngine(model, byte_tok).generate([target], params)[0].token_ids
+    crowd = prompts(3)
+    others = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in range(len(crowd))]
+    engine = LLMEngine(model, byte_tok, EngineConfig(max_num_batched_tokens=16))
+    outs = engine.generate(crowd[:3] + [target] + crowd[3:], others[:3] + [params] + others[3:])
+    assert outs[3].token_ids == by_itself
+    assert by_itself == run_to_end(PagedGenerator(model, 64), model, byte_tok, target, params).token_ids
+
+
+def test_batching_abort_frees_blocks_at_once(byte_tok):
+    model = tiny_model("gqa_tied")
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=40, block_size=4))
+    ids = [engine.add_request(p, greedy(50)) for p in prompts()[:3]]
+    engine.step(), engine.step()
+    held = len(engine.blocks.tables[ids[1]])
+    free_before = engine.blocks.num_free_blocks
+    engine.abort(ids[1])
+    assert ids[1] not in engine.blocks.tables
+    assert engine.blocks.num_free_blocks == free_before + held
+    assert engine.requests[ids[1]].finish_reason == "abort"
+    while engine.has_unfinished():
+        engine.step()
+    assert engine.blocks.num_free_blocks == 40 and not engine.blocks.tables
+
+
+def test_batching_token_budget_and_chunked_prefill_schedule(byte_tok):
+    model = tiny_model("gqa_tied")
+    budget = 8
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=budget))
+    short = engine.add_request(prompts()[0], greedy(30))  # decoding while the long prompt arrives
+    engine.step(), engine.step()
+    long_id = engine.add_request(prompts()[1], greedy(3))  # 70 tokens: must be chunked
+    while engine.has_unfinished():
+        engine.step()
+    assert all(sum(n for _, n, _ in s["chunks"]) <= budget for s in engine.step_log)
+    long_steps = [s for s in engine.step_log if any(r == long_id and n > 1 for r, n, _ in s["chunks"])]
+    assert len(long_steps) >= 70 // budget  # the prompt was split over many steps...
+    assert all(any(r == short for r, _, _ in s["chunks"]) for s in long_steps)  # ...and the decode went on
+
+
+def test_batching_without_chunking_runs_prompts_whole(byte_tok):
+    model = tiny_model("gqa_tied")
+    engine = LLMEngine(model, byte_tok, EngineConfig(max_num_batched_tokens=80, enable_chunked_prefill=False))
+    outs = engine.generate(prompts(), [greedy(n) for n in OUTPUT_LENS])
+    for s in engine.step_log:
+        for rid, n, computed in s["chunks"]:
+            assert n == 1 or computed + n == len(prompts()[rid])  # a decode, or a whole prompt
+    assert [len(o.token_ids) for o in outs] == OUTPUT_LENS
+
+
+def test_batching_max_num_seqs_is_respected(byte_tok):
+    engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(max_num_seqs=2))
+    for p in prompts():
+        engine.add_request(p, greedy(5))
+    while engine.has_unfinished():
+        engine.step()
+        assert len(engine.scheduler.running) <= 2
+
+
+def test_batching_admission_control(byte_tok):
+    engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=8, block_size=4, max_waiting=2))
+    with pytest.raises(NoFreeBlocksError, match="the pool has 8"):
+        engine.add_request(list(range(30)), greedy(10))
+    with pytest.raises(NoFreeBlocksError, match="maximum sequence length of 512"):
+        engine.add_request(list(range(500)), greedy(100))
+    engine.add_request([1, 2], greedy(2)), engine.add_request([3, 4], greedy(2))
+    with pytest.raises(QueueFullError, match="queue is full"):
+        engine.add_request([5, 6], greedy(2))
+    assert not engine.blocks.tables  # refusals allocated nothing
+
+
+@pytest.mark.slow
+def test_batching_real_model_equals_alone(smollm2):
+    from course.s01_decode_loop.generate import encode_prompt
+
+    tok, model = smollm2.tokenizer, smollm2.model
+    questions = ["What is the capital of France?", "Write a haiku about autumn leaves falling.",
+                 "Explain in two sentences why the sky is blue.", "Hi"]
+    ps = [encode_prompt(tok, q, chat=True) for q in questions]
+    params = SamplingParams(max_new_tokens=16, temperature=0)
+    engine = LLMEngine(model, tok, EngineConfig(num_blocks=64, max_num_batched_tokens=48), smollm2.eos_token_ids)
+    outs = engine.generate(ps, params)
+    for p, out in zip(ps, outs):
+        ref = run_to_end(PagedGenerator(model, 64), model, tok, p, params, smollm2.eos_token_ids)
+        assert out.token_ids == ref.token_ids and out.text == ref.text
