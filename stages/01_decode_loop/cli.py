@@ -71,6 +71,16 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
         seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
 
 
+def prepare(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The common start of every stage's CLI: (prompts, SamplingParams, LoadedModel).
+    Bad sampling values raise ValueError, a bad model ModelLoadError: callers print them."""
+    prompts = read_prompts(args)
+    if not prompts:
+        parser.error("give at least one --prompt or a --prompts-file")
+    params = sampling_params(args)
+    return prompts, params, load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+
+
 def main(argv: list[str] | None = None, stream_fn: StreamFn = stream_naive,
          description: str = "Stage 01: the naive decode loop (no KV cache).",
          make_stream: Callable[[LoadedModel, argparse.Namespace], StreamFn] | None = None,
@@ -79,12 +89,8 @@ def main(argv: list[str] | None = None, stream_fn: StreamFn = stream_naive,
     if add_args:
         add_args(parser)
     args = parser.parse_args(argv)
-    prompts = read_prompts(args)
-    if not prompts:
-        parser.error("give at least one --prompt or a --prompts-file")
     try:
-        params = sampling_params(args)
-        loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+        prompts, params, loaded = prepare(parser, args)
         if make_stream:
             stream_fn = make_stream(loaded, args)
     except (ValueError, ModelLoadError) as e:

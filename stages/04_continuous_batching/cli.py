@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
-
-from course.s01_decode_loop.cli import build_parser, read_prompts, sampling_params
+from course.s01_decode_loop.cli import build_parser, prepare
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.weights import ModelLoadError, load_model
+from course.s01_decode_loop.weights import ModelLoadError
 
 from .engine import EngineConfig, LLMEngine
 
@@ -24,12 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--no-chunked-prefill", action="store_true")
     g.add_argument("--no-prefix-caching", action="store_true")
     args = parser.parse_args(argv)
-    prompts = read_prompts(args)
-    if not prompts:
-        parser.error("give at least one --prompt or a --prompts-file")
     try:
-        params = sampling_params(args)
-        loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
+        prompts, params, loaded = prepare(parser, args)
         config = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                               max_num_batched_tokens=args.max_num_batched_tokens,
                               enable_chunked_prefill=not args.no_chunked_prefill,
