@@ -51,7 +51,7 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, eos_token_ids=(),
-                 policy: SchedulingPolicy | None = None):
+                 policy: SchedulingPolicy | None = None, scheduler_cls: type[Scheduler] = Scheduler):
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         self.eos_token_ids = list(eos_token_ids)
@@ -59,7 +59,7 @@ class LLMEngine:
         self.cache = PagedKVCache(model.config, config.num_blocks, config.block_size, model.dtype, model.device)
         self.attn = PagedAttention(self.cache)
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
+        self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill, policy)
         self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
