@@ -1,0 +1,135 @@
+"""An OpenAI-compatible HTTP server over the engine thread (FastAPI + SSE).
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health.
+Errors come in OpenAI's shape {"error": {"message", "type", "code"}} with the right status:
+400 for bad or unsupported input (including a prompt too long for the context), 429 when the
+queue is full, 500 only for an engine failure, and that for the one request alone.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from course.s03_paged.block_manager import NoFreeBlocksError
+from course.s04_continuous_batching.engine import QueueFullError
+
+from .async_engine import AsyncEngine, EngineDeadError
+from .protocol import ChatRequest, CompletionRequest
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
+    app = FastAPI(title="course.final")
+    max_len = engine.engine.max_model_len
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_, exc: RequestValidationError):
+        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        return error(400, problems or "malformed request body")
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "course",
+                                            "max_model_len": max_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        ids = tokenizer(body.prompt).input_ids
+        return await respond(body, ids, body.max_tokens, "text_completion", request)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request):
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(rendered, add_special_tokens=False).input_ids
+        max_tokens = body.max_completion_tokens or body.max_tokens or max(1, max_len - len(ids))
+        return await respond(body, ids, max_tokens, "chat.completion", request)
+
+    async def respond(body, ids: list[int], max_tokens: int, kind: str, request: Request):
+        if len(ids) + max_tokens > max_len:
+            return error(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
+                              f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
+                              "completion). Please reduce the prompt or max_tokens.")
+        try:
+            params = body.sampling_params(max_tokens)
+        except ValueError as e:
+            return error(400, str(e))
+        stream = engine.generate(ids, params)
+        try:
+            first = await anext(stream)  # admission errors surface here, before any byte is sent
+        except NoFreeBlocksError as e:
+            return error(400, str(e))
+        except QueueFullError as e:
+            return error(429, str(e), "rate_limit_error")
+        except EngineDeadError as e:
+            return error(500, str(e), "internal_error")
+        rid, created = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
+        shape = Shape(kind, rid, created, model_name, len(ids))
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return StreamingResponse(sse(shape, first, stream, include_usage), media_type="text/event-stream")
+        text, n, finish = first.text, 1, first.finish_reason
+        async for event in stream:
+            text, n, finish = text + event.text, n + 1, event.finish_reason
+        return shape.whole(text, finish, n)
+
+    return app
+
+
+class Shape:
+    """The JSON of OpenAI responses and stream chunks, for completions and chat alike."""
+
+    def __init__(self, kind, rid, created, model, prompt_tokens):
+        self.kind, self.rid, self.created, self.model, self.prompt_tokens = kind, rid, created, model, prompt_tokens
+        self.chat = kind.startswith("chat")
+
+    def usage(self, n: int) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
+
+    def choice(self, text: str, finish, delta: bool) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        key = "delta" if delta else "message"
+        return {"index": 0, key: {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+
+    def whole(self, text, finish, n) -> dict:
+        return {"id": self.rid, "object": self.kind, "created": self.created, "model": self.model,
+                "choices": [self.choice(text, finish, delta=False)], "usage": self.usage(n)}
+
+    def chunk(self, text, finish, usage=None) -> str:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
+                "choices": [] if usage else [self.choice(text, finish, delta=True)]}
+        if usage:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n"
+
+
+async def sse(shape: Shape, first, stream, include_usage: bool):
+    """One SSE event per token, flushed as it comes; a client that disconnects cancels this
+    generator, which closes `stream`, which aborts the request and frees its blocks."""
+    n, event = 1, first
+    try:
+        yield shape.chunk(event.text, event.finish_reason)
+        async for event in stream:
+            n += 1
+            yield shape.chunk(event.text, event.finish_reason)
+    except EngineDeadError as e:
+        yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'internal_error', 'code': 500}})}\n\n"
+    finally:
+        await stream.aclose()
+    if include_usage:
+        yield shape.chunk("", None, usage=shape.usage(n))
+    yield "data: [DONE]\n\n"
