@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from course.s03_paged.block_manager import NoFreeBlocksError
+from course.s02_kv_cache.kv_cache import CacheCapacityError
 from course.s04_continuous_batching.engine import QueueFullError
 
 from .async_engine import AsyncEngine, EngineDeadError
@@ -69,7 +69,7 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
         stream = engine.generate(ids, params)
         try:
             first = await anext(stream)  # admission errors surface here, before any byte is sent
-        except NoFreeBlocksError as e:
+        except CacheCapacityError as e:  # too long for the context or the whole KV pool
             return error(400, str(e))
         except QueueFullError as e:
             return error(429, str(e), "rate_limit_error")

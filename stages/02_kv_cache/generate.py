@@ -38,14 +38,19 @@ def forward_step(model: CausalLM, attn: ContiguousKVAttention, token_ids: list[i
     return model.compute_logits(hidden[-1:])[0]
 
 
-def reserve_cache(model: CausalLM, seq: Sequence, max_model_len: int | None = None) -> KVCache:
-    """Reserve K/V for the longest this request can grow, or refuse it before any compute."""
-    limit = max_model_len or model.config.max_position_embeddings
+def check_max_len(seq: Sequence, limit: int) -> int:
+    """The longest `seq` can grow; refuse it (before any compute) if that exceeds `limit`."""
     need = len(seq.prompt_ids) + seq.params.max_new_tokens
     if need > limit:
         raise CacheCapacityError(
             f"prompt ({len(seq.prompt_ids)} tokens) + max_new_tokens ({seq.params.max_new_tokens}) = {need} "
             f"exceeds the maximum sequence length of {limit} tokens; shorten the prompt or lower max_new_tokens")
+    return need
+
+
+def reserve_cache(model: CausalLM, seq: Sequence, max_model_len: int | None = None) -> KVCache:
+    """Reserve K/V for the longest this request can grow, or refuse it before any compute."""
+    need = check_max_len(seq, max_model_len or model.config.max_position_embeddings)
     return KVCache(model.config, need, dtype=model.dtype, device=model.device)
 
 

@@ -12,9 +12,19 @@ import torch
 
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
+from course.s02_kv_cache.generate import check_max_len
 
 from .block_manager import BlockManager, NoFreeBlocksError
 from .paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+
+
+def check_fits(seq: Sequence, max_model_len: int, blocks: BlockManager) -> None:
+    """Refuse, before any compute or allocation, a request that can never fit: longer than the
+    model's context, or needing more blocks than the whole pool has."""
+    need = check_max_len(seq, max_model_len)
+    if blocks.blocks_needed(need) > blocks.num_blocks:
+        raise NoFreeBlocksError(f"{need} tokens need {blocks.blocks_needed(need)} KV blocks of "
+                                f"{blocks.block_size}; the pool has {blocks.num_blocks}")
 
 
 class PagedGenerator:
@@ -29,15 +39,7 @@ class PagedGenerator:
         self._ids = itertools.count()
 
     def check_fits(self, seq: Sequence) -> None:
-        """Refuse, before any compute or allocation, a request that can never fit."""
-        need = len(seq.prompt_ids) + seq.params.max_new_tokens
-        if need > self.max_model_len:
-            raise NoFreeBlocksError(f"prompt ({len(seq.prompt_ids)} tokens) + max_new_tokens "
-                                    f"({seq.params.max_new_tokens}) = {need} exceeds the maximum sequence "
-                                    f"length of {self.max_model_len} tokens")
-        if self.blocks.blocks_needed(need) > self.blocks.num_blocks:
-            raise NoFreeBlocksError(f"{need} tokens need {self.blocks.blocks_needed(need)} KV blocks of "
-                                    f"{self.blocks.block_size}; the pool has {self.blocks.num_blocks}")
+        check_fits(seq, self.max_model_len, self.blocks)
 
     @torch.no_grad()
     def _forward(self, seq_id: int, token_ids: list[int], start: int) -> torch.Tensor:

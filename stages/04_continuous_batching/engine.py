@@ -20,7 +20,8 @@ import torch
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEvent
-from course.s03_paged.block_manager import BlockManager, NoFreeBlocksError
+from course.s03_paged.block_manager import BlockManager
+from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 
 from .request import Request
@@ -68,19 +69,14 @@ class LLMEngine:
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
         """Queue a request; refuse at once (nothing allocated) what can never run."""
-        need = len(prompt_ids) + params.max_new_tokens
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if need > self.max_model_len:
-            raise NoFreeBlocksError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                                    f"= {need} exceeds the maximum sequence length of {self.max_model_len} tokens")
-        if self.blocks.blocks_needed(need) > self.blocks.num_blocks:
-            raise NoFreeBlocksError(f"{need} tokens need {self.blocks.blocks_needed(need)} KV blocks; "
-                                    f"the pool has {self.blocks.num_blocks}")
+        seq = Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids)
+        check_fits(seq, self.max_model_len, self.blocks)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests)")
         rid = next(self._ids)
-        self.requests[rid] = req = Request(rid, Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids))
+        self.requests[rid] = req = Request(rid, seq)
         self.scheduler.add(req)
         return rid
 

@@ -5,6 +5,7 @@ import torch
 from course.s01_decode_loop.generate import run_to_end
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
+from course.s02_kv_cache.kv_cache import CacheCapacityError
 from course.s03_paged.block_manager import NoFreeBlocksError
 from course.s03_paged.engine import PagedGenerator
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine, QueueFullError
@@ -115,7 +116,7 @@ def test_batching_admission_control(byte_tok):
     engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=8, block_size=4, max_waiting=2))
     with pytest.raises(NoFreeBlocksError, match="the pool has 8"):
         engine.add_request(list(range(30)), greedy(10))
-    with pytest.raises(NoFreeBlocksError, match="maximum sequence length of 512"):
+    with pytest.raises(CacheCapacityError, match="maximum sequence length of 512"):
         engine.add_request(list(range(500)), greedy(100))
     engine.add_request([1, 2], greedy(2)), engine.add_request([3, 4], greedy(2))
     with pytest.raises(QueueFullError, match="queue is full"):
