@@ -76,14 +76,14 @@ class AsyncEngine:
                     self._deliver(out.request_id, out.event)
                 if out.event.finish_reason:
                     self._streams.pop(out.request_id, None)
+                    self.engine.forget(out.request_id)
 
     def _deliver(self, request_id: int, item) -> None:
         loop, events = self._streams[request_id]
         try:
             loop.call_soon_threadsafe(events.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
-            self.engine.abort(request_id)
-            self._streams.pop(request_id, None)
+            self._abort(request_id)
 
     def _handle_commands(self, block: bool) -> None:
         try:
@@ -101,8 +101,7 @@ class AsyncEngine:
                     self._streams[rid] = (loop, events)
                     admitted.set_result(rid)
             elif cmd[0] == "abort":
-                self.engine.abort(cmd[1])
-                self._streams.pop(cmd[1], None)
+                self._abort(cmd[1])
             elif cmd[0] == "call":
                 _, fn, done = cmd
                 try:
@@ -114,11 +113,15 @@ class AsyncEngine:
             except queue.Empty:
                 return
 
+    def _abort(self, request_id: int) -> None:
+        self.engine.abort(request_id)
+        self.engine.forget(request_id)
+        self._streams.pop(request_id, None)
+
     def _fail_all(self, error: Exception) -> None:
         for rid in list(self._streams):
-            self.engine.abort(rid)
             self._deliver(rid, error)
-        self._streams.clear()
+            self._abort(rid)
 
     def call(self, fn):
         """Run `fn(engine)` on the engine thread and return its result (for stats, tests)."""

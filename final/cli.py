@@ -16,7 +16,8 @@ from .server import build_app
 def build_server(args: argparse.Namespace):
     loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
     config = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting)
+                          max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
+                          record_steps=False)
     engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids))
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     return engine, build_app(engine, loaded.tokenizer, name)

@@ -59,7 +59,7 @@ def test_async_consumer_that_stops_early_frees_its_blocks(engine):
         return got
     assert len(asyncio.run(main())) == 2
     wait_until_idle(engine)
-    assert engine.call(lambda e: (e.blocks.num_free_blocks, e.blocks.tables)) == (64, {})
+    assert engine.call(lambda e: (e.blocks.num_free_blocks, e.blocks.tables, e.requests)) == (64, {}, {})
 
 
 def test_async_refusals_arrive_before_any_token(engine):
@@ -97,7 +97,7 @@ def test_async_engine_failure_fails_requests_not_the_server(engine, monkeypatch)
         asyncio.run(collect(engine, PROMPTS[0], params(5)))
     assert asyncio.run(collect(engine, PROMPTS[2], params(5))) != []  # still serving
     wait_until_idle(engine)
-    assert engine.call(lambda e: e.blocks.num_free_blocks) == 64
+    assert engine.call(lambda e: (e.blocks.num_free_blocks, e.requests)) == (64, {})  # nothing kept
 
 
 def test_async_engine_survives_a_consumer_whose_loop_closed(engine):

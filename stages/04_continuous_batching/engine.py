@@ -42,6 +42,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_model_len: int | None = None    # default: the model's max_position_embeddings
     max_waiting: int = 1024             # queue bound: admission control
+    record_steps: bool = True           # keep step_log (tests, notebooks); a long-running server turns it off
 
 
 @dataclass
@@ -87,6 +88,13 @@ class LLMEngine:
             req.finish_reason = "abort"
             self.scheduler.finish(req)
 
+    def forget(self, request_id: int) -> None:
+        """Drop a finished request's record: `generate` reads outputs from `self.requests`, but a
+        server that runs for days must not keep every request it ever served."""
+        req = self.requests.get(request_id)
+        if req and req.finished:
+            del self.requests[request_id]
+
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
@@ -97,8 +105,9 @@ class LLMEngine:
         now = time.perf_counter()
         for req, _ in sched.chunks:
             req.first_scheduled_time = req.first_scheduled_time or now
-        self.step_log.append({"chunks": [(r.request_id, n, r.num_computed_tokens) for r, n in sched.chunks],
-                              "preempted": [r.request_id for r in sched.preempted]})
+        if self.config.record_steps:
+            self.step_log.append({"chunks": [(r.request_id, n, r.num_computed_tokens) for r, n in sched.chunks],
+                                  "preempted": [r.request_id for r in sched.preempted]})
         logits = self._run(sched.chunks)
         return self._postprocess(sched.chunks, logits)
 
