@@ -7,19 +7,50 @@ import sys
 import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
+from course.s02_kv_cache.kv_size import kv_bytes_per_token
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
+from .metrics import ServerMetrics
 from .server import build_app
 
 
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """'512MiB', '2GB', '1e9' -> bytes."""
+    number = text.rstrip("KMGiBkmgib")
+    unit = text[len(number):].upper()
+    try:
+        return int(float(number) * UNITS[unit])
+    except (KeyError, ValueError):
+        raise ValueError(f"--kv-memory: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
+
+
+def num_kv_blocks(args: argparse.Namespace, model_config, dtype: torch.dtype) -> int:
+    """--kv-blocks as given, or as many blocks as --kv-memory holds for this model."""
+    if args.kv_memory is None:
+        return args.kv_blocks
+    per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
+    blocks = parse_size(args.kv_memory) // per_block
+    if blocks < 1:
+        raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
+                         f"takes {per_block} bytes for this model")
+    return blocks
+
+
 def build_server(args: argparse.Namespace):
-    loaded = load_model(args.model, dtype=getattr(torch, args.dtype), device=args.device)
-    config = EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+    dtype = getattr(torch, args.dtype)
+    if args.kv_memory is not None:
+        parse_size(args.kv_memory)  # a typo fails now, not after loading the model
+    loaded = load_model(args.model, dtype=dtype, device=args.device)
+    blocks = num_kv_blocks(args, loaded.model.config, dtype)
+    config = EngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                           record_steps=False)
-    engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids))
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids), ServerMetrics(name))
     return engine, build_app(engine, loaded.tokenizer, name)
 
 
@@ -34,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-num-seqs", type=int, default=32)
     s.add_argument("--max-num-batched-tokens", type=int, default=256)
     s.add_argument("--max-waiting", type=int, default=256, help="queue bound; beyond it requests get 429")
-    s.add_argument("--kv-blocks", type=int, default=512)
+    kv = s.add_mutually_exclusive_group()
+    kv.add_argument("--kv-blocks", type=int, default=512, help="KV cache size in blocks")
+    kv.add_argument("--kv-memory", help="KV cache size in bytes instead, e.g. 512MiB")
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from course.s01_decode_loop.sampling import SamplingParams
+
+MAX_N = 16           # choices per request
+MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
 
 
 class StreamOptions(BaseModel):
@@ -27,20 +30,33 @@ class _Common(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="n > 1 is not supported yet")
+    n: int = Field(1, ge=1, le=MAX_N)
+    ignore_eos: bool = False  # vLLM's extension: benchmarks use it to get exact output lengths
     user: str | None = None
 
-    def sampling_params(self, max_tokens: int) -> SamplingParams:
+    def num_logprobs(self) -> int | None:
+        """None: no logprobs; k: the chosen token's and the k most likely."""
+        raise NotImplementedError
+
+    def sampling_params(self, max_tokens: int) -> list[SamplingParams]:
+        """One SamplingParams per choice. With a seed, choice i uses seed + i (as vLLM does):
+        reproducible, yet the n choices differ."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                              top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
-                              frequency_penalty=self.frequency_penalty, repetition_penalty=self.repetition_penalty,
-                              seed=self.seed, stop=stop)
+        return [SamplingParams(max_new_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
+                               top_k=self.top_k, min_p=self.min_p, presence_penalty=self.presence_penalty,
+                               frequency_penalty=self.frequency_penalty,
+                               repetition_penalty=self.repetition_penalty, stop=stop, ignore_eos=self.ignore_eos,
+                               seed=None if self.seed is None else self.seed + i, logprobs=self.num_logprobs())
+                for i in range(self.n)]
 
 
 class CompletionRequest(_Common):
     prompt: str
     max_tokens: int = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -61,3 +77,14 @@ class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        return self
+
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None

@@ -1,6 +1,7 @@
 """An OpenAI-compatible HTTP server over the engine thread (FastAPI + SSE).
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health.
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics (Prometheus).
 Errors come in OpenAI's shape {"error": {"message", "type", "code"}} with the right status:
 400 for bad or unsupported input (including a prompt too long for the context), 429 when the
 queue is full, 500 only for an engine failure, and that for the one request alone.
@@ -13,7 +14,8 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from course.s02_kv_cache.kv_cache import CacheCapacityError
 from course.s04_continuous_batching.engine import QueueFullError
@@ -38,6 +40,10 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health():
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models():
@@ -66,7 +72,7 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
             params = body.sampling_params(max_tokens)
         except ValueError as e:
             return error(400, str(e))
-        stream = engine.generate(ids, params)
+        stream = engine.generate_many(ids, params)
         try:
             first = await anext(stream)  # admission errors surface here, before any byte is sent
         except CacheCapacityError as e:  # too long for the context or the whole KV pool
@@ -76,42 +82,77 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
         except EngineDeadError as e:
             return error(500, str(e), "internal_error")
         rid, created = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-        shape = Shape(kind, rid, created, model_name, len(ids))
+        shape = Shape(kind, rid, created, model_name, len(ids), tokenizer)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(sse(shape, first, stream, include_usage), media_type="text/event-stream")
-        text, n, finish = first.text, 1, first.finish_reason
-        async for event in stream:
-            text, n, finish = text + event.text, n + 1, event.finish_reason
-        return shape.whole(text, finish, n)
+        choices = [Choice() for _ in params]
+        try:
+            choices[first[0]].add(first[1])
+            async for index, event in stream:
+                choices[index].add(event)
+        except EngineDeadError as e:
+            return error(500, str(e), "internal_error")
+        return shape.whole(choices)
 
     return app
+
+
+class Choice:
+    """One choice's text, token count and logprob entries, gathered from its token events."""
+
+    def __init__(self):
+        self.text, self.num_tokens, self.finish_reason, self.events = "", 0, None, []
+
+    def add(self, event) -> None:
+        self.text += event.text
+        self.num_tokens += 1
+        self.finish_reason = event.finish_reason
+        if event.logprob is not None:
+            self.events.append(event)
 
 
 class Shape:
     """The JSON of OpenAI responses and stream chunks, for completions and chat alike."""
 
-    def __init__(self, kind, rid, created, model, prompt_tokens):
+    def __init__(self, kind, rid, created, model, prompt_tokens, tokenizer):
         self.kind, self.rid, self.created, self.model, self.prompt_tokens = kind, rid, created, model, prompt_tokens
-        self.chat = kind.startswith("chat")
+        self.chat, self.tokenizer = kind.startswith("chat"), tokenizer
 
     def usage(self, n: int) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n}
 
-    def choice(self, text: str, finish, delta: bool) -> dict:
+    def choice(self, index: int, text: str, finish, events, text_offset: int, delta: bool) -> dict:
+        logprobs = self.logprobs(events, text_offset) if events else None
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         key = "delta" if delta else "message"
-        return {"index": 0, key: {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        return {"index": index, key: {"role": "assistant", "content": text}, "logprobs": logprobs,
+                "finish_reason": finish}
 
-    def whole(self, text, finish, n) -> dict:
+    def logprobs(self, events, text_offset: int) -> dict:
+        """Completions: parallel lists (tokens, token_logprobs, top_logprobs, text_offset).
+        Chat: a list of {token, logprob, bytes, top_logprobs}. Tokens are shown as their text."""
+        token = lambda i: self.tokenizer.decode([i])  # noqa: E731
+        if self.chat:
+            entry = lambda i, lp: {"token": token(i), "logprob": lp, "bytes": list(token(i).encode())}  # noqa: E731
+            return {"content": [entry(e.token_id, e.logprob) | {"top_logprobs": [entry(i, lp) for i, lp in e.top_logprobs]}
+                                for e in events]}
+        tokens = [token(e.token_id) for e in events]
+        offsets = [text_offset + sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+        return {"tokens": tokens, "token_logprobs": [e.logprob for e in events],
+                "top_logprobs": [{token(i): lp for i, lp in e.top_logprobs} for e in events], "text_offset": offsets}
+
+    def whole(self, choices: list[Choice]) -> dict:
         return {"id": self.rid, "object": self.kind, "created": self.created, "model": self.model,
-                "choices": [self.choice(text, finish, delta=False)], "usage": self.usage(n)}
+                "choices": [self.choice(i, c.text, c.finish_reason, c.events, 0, delta=False)
+                            for i, c in enumerate(choices)],
+                "usage": self.usage(sum(c.num_tokens for c in choices))}
 
-    def chunk(self, text, finish, usage=None) -> str:
+    def chunk(self, index=0, text="", finish=None, events=None, text_offset=0, usage=None) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if usage else [self.choice(text, finish, delta=True)]}
+                "choices": [] if usage else [self.choice(index, text, finish, events, text_offset, delta=True)]}
         if usage:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
@@ -120,16 +161,25 @@ class Shape:
 async def sse(shape: Shape, first, stream, include_usage: bool):
     """One SSE event per token, flushed as it comes; a client that disconnects cancels this
     generator, which closes `stream`, which aborts the request and frees its blocks."""
-    n, event = 1, first
+    n, emitted = 0, {}  # tokens sent; per choice, the length of its tokens' text (logprobs' text_offset)
+
+    def chunk(index, event) -> str:
+        nonlocal n
+        n += 1
+        if event.logprob is None:
+            return shape.chunk(index, event.text, event.finish_reason)
+        offset = emitted.get(index, 0)
+        emitted[index] = offset + len(shape.tokenizer.decode([event.token_id]))
+        return shape.chunk(index, event.text, event.finish_reason, [event], offset)
+
     try:
-        yield shape.chunk(event.text, event.finish_reason)
-        async for event in stream:
-            n += 1
-            yield shape.chunk(event.text, event.finish_reason)
+        yield chunk(*first)
+        async for index, event in stream:
+            yield chunk(index, event)
     except EngineDeadError as e:
         yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'internal_error', 'code': 500}})}\n\n"
     finally:
         await stream.aclose()
     if include_usage:
-        yield shape.chunk("", None, usage=shape.usage(n))
+        yield shape.chunk(usage=shape.usage(n))
     yield "data: [DONE]\n\n"

@@ -109,3 +109,27 @@ def test_async_engine_survives_a_consumer_whose_loop_closed(engine):
     wait_until_idle(engine)
     assert asyncio.run(collect(engine, PROMPTS[0], params(4))) != []
     assert engine.call(lambda e: e.blocks.num_free_blocks) == 64
+
+
+def test_async_metrics_follow_the_engine_under_preemption(byte_tok):
+    """A pool too small for everyone forces preemptions; the Prometheus counters must agree
+    with the engine's own totals, and every request must be counted once when it ends."""
+    eng = AsyncEngine(LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=14, block_size=4)))
+    eng.start()
+    try:
+        async def main():
+            return await asyncio.gather(*(collect(eng, p, params(24)) for p in PROMPTS))
+        assert [len(r) for r in asyncio.run(main())] == [24] * 4
+        wait_until_idle(eng)
+        eng.call(eng.metrics.engine_updated)  # refresh now, on the engine thread
+        engine_preemptions = eng.call(lambda e: e.scheduler.num_preemptions)
+
+        def value(name, **labels):
+            return eng.metrics.registry.get_sample_value(name, {"model_name": "model"} | labels)
+        assert engine_preemptions > 0 and value("vllm:num_preemptions_total") == engine_preemptions
+        assert value("vllm:request_success_total", finished_reason="length") == 4
+        assert value("vllm:time_to_first_token_seconds_count") == 4
+        assert value("vllm:generation_tokens_total") == 4 * 24
+        assert value("vllm:num_requests_running") == 0 and value("vllm:kv_cache_usage_perc") == 0
+    finally:
+        eng.shutdown()

@@ -1,48 +1,17 @@
 """The server against the official openai client, on a live localhost port."""
+import asyncio
 import json
-import socket
+import math
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
+import torch
 
-from course.final.async_engine import AsyncEngine
-from course.final.server import build_app
-from course.s01_decode_loop.testing import tiny_model
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
-
-CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}assistant:{% endif %}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(byte_tok):
-    byte_tok.chat_template = CHAT_TEMPLATE
-    engine = AsyncEngine(LLMEngine(tiny_model("gqa_tied"), byte_tok,
-                                   EngineConfig(num_blocks=64, block_size=4, max_waiting=4), [byte_tok.eos_token_id]))
-    engine.start()
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(build_app(engine, byte_tok, "tiny"), host="127.0.0.1", port=port,
-                                        log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(100):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    srv.should_exit = True
-    thread.join(timeout=10)
-    engine.shutdown()
+from course.final.testing import live_server, metric, tiny_engine
+from course.s01_decode_loop.generate import next_token_logits
 
 
 @pytest.fixture
@@ -92,7 +61,13 @@ def test_server_stop_strings(client):
     (json.dumps({"prompt": "x", "temperature": -1}), 400),
     (json.dumps({"prompt": "x", "top_p": 2}), 400),
     (json.dumps({"prompt": "x", "best_of": 2}), 400),          # unknown parameter
-    (json.dumps({"prompt": "x", "n": 2}), 400),                # not supported yet
+    (json.dumps({"prompt": "x", "n": 0}), 400),
+    (json.dumps({"prompt": "x", "n": 17}), 400),               # over MAX_N
+    (json.dumps({"prompt": "x", "logprobs": 21}), 400),        # over MAX_LOGPROBS
+    (json.dumps({"prompt": "x", "stop": [""]}), 400),          # an empty stop string
+    (json.dumps({"prompt": "x", "seed": "seven"}), 400),
+    (json.dumps({"prompt": ["x", "y"]}), 400),                 # batched prompts: not supported
+    (json.dumps([1, 2]), 400),                                 # not an object
     (json.dumps({"prompt": "x" * 600, "max_tokens": 10}), 400),  # over the context, with numbers
     (json.dumps({"max_tokens": 3}), 400),                      # no prompt
 ])
@@ -100,6 +75,20 @@ def test_server_bad_input_gets_4xx_in_openai_shape(server, body, status):
     r = httpx.post(server[0] + "/v1/completions", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": []},
+    {"messages": [{"role": "robot", "content": "hi"}]},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+    {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},  # needs logprobs: true
+    {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0},
+    {"messages": [{"role": "user", "content": "hi"}], "tools": []},        # unsupported parameter
+])
+def test_server_bad_chat_input_gets_400(server, body):
+    r = httpx.post(server[0] + "/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_server_context_error_states_the_numbers(server):
@@ -116,10 +105,13 @@ def test_server_disconnect_mid_stream_frees_blocks(server):
             if i > 3:
                 break  # hang up
     for _ in range(200):
-        if engine.call(lambda e: not e.has_unfinished()):
+        if metric(url, "vllm:num_requests_running") == 0:
             break
         time.sleep(0.05)
-    assert engine.call(lambda e: (e.has_unfinished(), e.blocks.num_free_blocks)) == (False, 64)
+    assert metric(url, "vllm:num_requests_running") == metric(url, "vllm:num_requests_waiting") == 0
+    assert metric(url, "vllm:kv_cache_usage_perc") == 0.0  # every block back in the pool
+    assert metric(url, "vllm:request_success_total", finished_reason="abort") >= 1
+    assert engine.call(lambda e: (e.has_unfinished(), e.blocks.num_free_blocks, e.requests)) == (False, 64, {})
     ok = httpx.post(url + "/v1/completions", json={"prompt": "next", "max_tokens": 3})
     assert ok.status_code == 200
 
@@ -127,3 +119,109 @@ def test_server_disconnect_mid_stream_frees_blocks(server):
 def test_server_health_and_models(server):
     assert httpx.get(server[0] + "/health").json() == {"status": "ok"}
     assert httpx.get(server[0] + "/v1/models").json()["data"][0]["id"] == "tiny"
+
+
+def test_server_n_choices_are_the_seeded_single_requests(client):
+    """Choice i of an n-request is the single request with seed + i; usage sums the choices."""
+    kw = dict(model="tiny", prompt="abc", max_tokens=8, temperature=1.0)
+    many = client.completions.create(**kw, n=3, seed=11)
+    assert [c.index for c in many.choices] == [0, 1, 2]
+    singles = [client.completions.create(**kw, seed=11 + i).choices[0].text for i in range(3)]
+    assert [c.text for c in many.choices] == singles
+    assert len(set(singles)) > 1  # the choices differ
+    assert many.usage.completion_tokens == sum(
+        client.completions.create(**kw, seed=11 + i).usage.completion_tokens for i in range(3))
+
+
+def test_server_n_streaming_interleaves_choices(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=10, temperature=1.0, seed=3, n=2)
+    whole = client.chat.completions.create(**kw)
+    texts = ["", ""]
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c.message.content for c in whole.choices]
+
+
+def test_server_logprobs_match_a_full_forward(server, client):
+    """The logprobs the server reports are log_softmax of stage 01's naive full forward."""
+    out = client.completions.create(model="tiny", prompt="Hello", max_tokens=6, temperature=0, logprobs=3,
+                                    extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    model, tok = server[1].engine.model, server[1].engine.tokenizer
+    ids = tok("Hello").input_ids
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == out.usage.completion_tokens == 6
+    for k in range(6):
+        logp = torch.log_softmax(next_token_logits(model, ids).float(), dim=-1)
+        chosen = int(torch.argmax(logp))  # greedy: the chosen token is the most likely
+        assert lp.tokens[k] == tok.decode([chosen])
+        assert math.isclose(lp.token_logprobs[k], float(logp[chosen]), abs_tol=1e-4)
+        assert len(lp.top_logprobs[k]) <= 3
+        assert math.isclose(max(lp.top_logprobs[k].values()), lp.token_logprobs[k], abs_tol=1e-6)
+        ids.append(chosen)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:k]) for k in range(6)]
+
+
+def test_server_chat_logprobs_stream_equals_whole(client):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=0,
+              logprobs=True, top_logprobs=2)
+    whole = client.chat.completions.create(**kw).choices[0].logprobs.content
+    streamed = [e for c in client.chat.completions.create(**kw, stream=True) if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 5)) for e in streamed] == [(e.token, round(e.logprob, 5)) for e in whole]
+    assert all(len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob for e in whole)
+    assert all(e.bytes == list(e.token.encode()) for e in whole)
+    plain = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+
+def test_server_metrics_count_requests_and_latencies(server, client):
+    url = server[0]
+    before = metric(url, "vllm:time_to_first_token_seconds_count")
+    gen_before = metric(url, "vllm:generation_tokens_total")
+    out = client.completions.create(model="tiny", prompt="metrics!", max_tokens=7, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 7
+    assert metric(url, "vllm:time_to_first_token_seconds_count") == before + 1
+    assert metric(url, "vllm:generation_tokens_total") == gen_before + 7
+    assert metric(url, "vllm:inter_token_latency_seconds_count") >= 6
+    assert metric(url, "vllm:e2e_request_latency_seconds_sum") > 0
+    queries = metric(url, "vllm:prefix_cache_queries_total")
+    client.completions.create(model="tiny", prompt="metrics!", max_tokens=2, temperature=0)  # same prompt again
+    assert metric(url, "vllm:prefix_cache_queries_total") > queries
+    assert metric(url, "vllm:prefix_cache_hits_total") >= 8  # two full 4-token blocks of "metrics!" reused
+
+
+def test_server_overload_gets_429_while_admitted_requests_complete(byte_tok):
+    """With the queue bound at N, the N+1th concurrent request is refused with 429 at once and
+    the N admitted ones still complete. The engine is held (steps do nothing) until all N are
+    queued, so the test does not depend on timing."""
+    engine, gate, bound = tiny_engine(byte_tok, max_waiting=3), threading.Event(), 3
+    real_step = engine.engine.step
+    engine.engine.step = lambda: real_step() if gate.is_set() else (time.sleep(0.005) or [])
+    with live_server(engine, byte_tok) as url:
+        async def scenario():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+                body = {"prompt": "load", "max_tokens": 5, "temperature": 0}
+                admitted = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(bound)]
+                while engine.call(lambda e: len(e.scheduler.waiting)) < bound:
+                    await asyncio.sleep(0.01)
+                refused = await http.post("/v1/completions", json=body)
+                gate.set()
+                return refused, await asyncio.gather(*admitted)
+
+        refused, done = asyncio.run(scenario())
+        assert refused.status_code == 429 and refused.json()["error"]["type"] == "rate_limit_error"
+        assert "queue is full" in refused.json()["error"]["message"]
+        assert [r.status_code for r in done] == [200] * bound
+        assert len({r.json()["choices"][0]["text"] for r in done}) == 1  # same greedy request, same answer
+
+
+def test_server_n_over_the_queue_bound_admits_none(byte_tok):
+    """n choices are admitted together or not at all: no half-served request."""
+    engine = tiny_engine(byte_tok, max_waiting=2)
+    engine.engine.step = lambda: time.sleep(0.005) or []  # never progress: everything stays queued
+    with live_server(engine, byte_tok) as url:
+        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 2})
+        assert r.status_code == 429
+        assert engine.call(lambda e: (len(e.scheduler.waiting), e.requests)) == (0, {})

@@ -29,7 +29,7 @@ def stream_naive(model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
     """Generate one token per full forward pass until `seq` finishes, yielding each token
     with its text delta."""
     while not seq.finished:
-        yield seq.append(seq.sample(next_token_logits(model, seq.all_ids)))
+        yield seq.sample_and_append(next_token_logits(model, seq.all_ids))
 
 
 def run_to_end(stream_fn, model: CausalLM, tokenizer, prompt_ids: list[int], params: SamplingParams,

@@ -37,6 +37,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)  # stop strings
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the k most likely
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -67,6 +68,8 @@ class SamplingParams:
               and all(is_int(t) and t >= 0 for t in self.stop_token_ids),
               "stop_token_ids", "a list of integers >= 0")
         self.stop_token_ids = list(self.stop_token_ids)
+        check(self.logprobs is None or (is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
+              "None or an integer >= 0")
 
     @property
     def greedy(self) -> bool:
@@ -222,3 +225,15 @@ class Sampler:
         q = torch.empty_like(probs).exponential_(generator=self._generator_for(probs.device))
         q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would make 0/0 = NaN for a -inf token
         return int(torch.argmax(probs / q))
+
+
+def token_logprobs(logits: torch.Tensor, token_id: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-probability and the k most likely (id, logprob) pairs.
+
+    Computed on the model's raw logits, before penalties, temperature and filters (what vLLM
+    returns by default): a logprob then means the same thing whatever the sampling knobs.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, k) if k > 0 else None
+    pairs = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
+    return float(logp[token_id]), pairs

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .detokenizer import IncrementalDetokenizer
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler, SamplingParams, token_logprobs
 from .stop import StopChecker
 
 
@@ -21,6 +21,8 @@ class TokenEvent:
     token_id: int
     text: str                    # new text safe to show now (may be "")
     finish_reason: str | None    # None while running, then "stop" or "length"
+    logprob: float | None = None  # filled when the request asked for logprobs
+    top_logprobs: list[tuple[int, float]] | None = None
 
 
 @dataclass
@@ -69,6 +71,15 @@ class Sequence:
 
     def sample(self, logits: torch.Tensor) -> int:
         return self.sampler.sample(logits, self.prompt_ids, self.output_ids)
+
+    def sample_and_append(self, logits: torch.Tensor) -> TokenEvent:
+        """Sample the next token from `logits` [vocab], record it, and attach its logprobs when
+        the request asked for them."""
+        token_id = self.sample(logits)
+        event = self.append(token_id)
+        if self.params.logprobs is not None:
+            event.logprob, event.top_logprobs = token_logprobs(logits, token_id, self.params.logprobs)
+        return event
 
     def append(self, token_id: int) -> TokenEvent:
         """Record a sampled token; return the text it makes safe to emit."""

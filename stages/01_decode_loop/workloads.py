@@ -152,6 +152,18 @@ def sample_requests(tokenizer, n: int, seed: int = 0, max_prompt_tokens: int = 1
                      f"(prompt <= {max_prompt_tokens}, output <= {max_output_tokens} tokens); ask for fewer")
 
 
+def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
+    """When `n` requests arrive (seconds from the start) as a Poisson process of `rate` requests/s,
+    the usual model of independent users; rate inf sends them all at t = 0."""
+    if rate == float("inf"):
+        return [0.0] * n
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
 def _first_exchange(conversation: list[dict]) -> tuple[str, str] | None:
     """(first human turn, the gpt turn right after it), or None when there is no such pair.
     (Many ShareGPT records are later pieces of a split chat and begin with a gpt turn.)"""

@@ -58,7 +58,7 @@ def stream_cached(model: CausalLM, seq: Sequence, max_model_len: int | None = No
     attn = ContiguousKVAttention(reserve_cache(model, seq, max_model_len))
     logits = forward_step(model, attn, seq.prompt_ids)  # prefill
     while True:
-        event = seq.append(seq.sample(logits))
+        event = seq.sample_and_append(logits)
         yield event
         if seq.finished:
             return

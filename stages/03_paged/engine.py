@@ -59,7 +59,7 @@ class PagedGenerator:
             logits = self._forward(seq_id, seq.prompt_ids[cached:], cached)  # prefill the rest
             self.blocks.commit(seq_id, seq.prompt_ids)
             while True:
-                event = seq.append(seq.sample(logits))
+                event = seq.sample_and_append(logits)
                 yield event
                 if seq.finished:
                     return

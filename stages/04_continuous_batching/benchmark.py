@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import time
 
@@ -30,23 +29,13 @@ import torch
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import sample_requests
+from course.s01_decode_loop.workloads import arrival_times, sample_requests
 
 from .engine import EngineConfig, LLMEngine
 from .scheduler import Scheduler
 from .static_batching import StaticBatchScheduler
 
 MAX_BATCH = 8
-
-
-def arrival_times(n: int, rate: float, seed: int = 0) -> list[float]:
-    if rate == float("inf"):
-        return [0.0] * n
-    rng, t, out = random.Random(seed), 0.0, []
-    for _ in range(n):
-        t += rng.expovariate(rate)
-        out.append(t)
-    return out
 
 
 def serve(engine: LLMEngine, work: list[tuple[list[int], int]], arrivals: list[float]) -> list[dict]:

@@ -143,7 +143,7 @@ class LLMEngine:
             self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk that is not the last: nothing to sample yet
-            event = req.seq.append(req.seq.sample(logits[i]))
+            event = req.seq.sample_and_append(logits[i])
             i += 1
             outputs.append(StepOutput(req.request_id, event))
             if event.finish_reason:

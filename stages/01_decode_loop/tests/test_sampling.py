@@ -18,7 +18,9 @@ from course.s01_decode_loop.sampling import (
     apply_top_k,
     apply_top_p,
     process_logits,
+    token_logprobs,
 )
+from course.s01_decode_loop.sequence import Sequence
 
 NEG_INF = float("-inf")
 
@@ -398,3 +400,29 @@ def test_params_validation_accepts_edges_and_defaults():
 def test_params_single_stop_string_becomes_list():
     assert SamplingParams(stop="###").stop == ["###"]
     assert SamplingParams(stop=("a", "b")).stop == ["a", "b"]
+
+
+def test_token_logprobs_are_log_softmax_of_the_raw_logits():
+    logits = torch.tensor([1.0, 3.0, -2.0, 2.5, 0.0])
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen, top = token_logprobs(logits, 4, 3)
+    assert chosen == pytest.approx(float(logp[4]))
+    assert [i for i, _ in top] == [1, 3, 0]  # most likely first
+    assert [v for _, v in top] == pytest.approx([float(logp[i]) for i in (1, 3, 0)])
+    assert token_logprobs(logits, 2, 0)[1] == []
+    assert math.fsum(math.exp(v) for v in logp.tolist()) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "3"])
+def test_sampling_params_rejects_bad_logprobs(bad):
+    with pytest.raises(ValueError, match="logprobs"):
+        SamplingParams(logprobs=bad)
+
+
+def test_sequence_attaches_logprobs_only_when_asked(byte_tok):
+    logits = torch.randn(len(byte_tok))
+    asked = Sequence([5], SamplingParams(temperature=0, logprobs=2), byte_tok).sample_and_append(logits)
+    assert asked.token_id == int(torch.argmax(logits)) and len(asked.top_logprobs) == 2
+    assert asked.logprob == pytest.approx(asked.top_logprobs[0][1])
+    plain = Sequence([5], SamplingParams(temperature=0), byte_tok).sample_and_append(logits)
+    assert plain.logprob is None and plain.top_logprobs is None

@@ -1,0 +1,190 @@
+"""Serving benchmark: a client that loads a running server the way users do.
+
+    python -m course.final serve &                       # the server under test
+    python -m course.final.bench_serving --request-rate 1 --num-requests 40 --json r1.json
+
+Requests are ShareGPT prompts with their real answer lengths (stage 01's `sample_requests`, as
+vLLM's benchmark_serving samples them), sent to `/v1/chat/completions` (or `/v1/completions`)
+at Poisson arrival times, streaming, with `ignore_eos` so each generates exactly its answer's
+length. Per request the client records, from its own clock:
+
+  TTFT  send -> first token chunk         TPOT  (e2e - TTFT) / (output tokens - 1)
+  ITL   gaps between token chunks         e2e   send -> last chunk
+
+and reports p50/p99/mean of each, request and output-token throughput, and the failures (a
+4xx/5xx or a broken stream counts as failed, with its message, and never stops the run).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import httpx
+
+from course.s01_decode_loop.workloads import arrival_times
+
+
+@dataclass
+class RequestResult:
+    prompt_chars: int
+    output_len: int                  # tokens asked for
+    ok: bool = False
+    error: str = ""
+    output_tokens: int = 0           # token chunks received
+    usage_tokens: int | None = None  # what the server's usage says
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.output_tokens < 2:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+def request_body(endpoint: str, prompt: str, output_len: int, model: str | None) -> dict:
+    body = {"max_tokens": output_len, "stream": True, "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}
+    if model:
+        body["model"] = model
+    if endpoint == "chat":
+        return body | {"messages": [{"role": "user", "content": prompt}]}
+    return body | {"prompt": prompt}
+
+
+async def send(http: httpx.AsyncClient, endpoint: str, prompt: str, output_len: int,
+               model: str | None) -> RequestResult:
+    result = RequestResult(len(prompt), output_len)
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    start = last = time.perf_counter()
+    try:
+        async with http.stream("POST", path, json=request_body(endpoint, prompt, output_len, model)) as r:
+            if r.status_code != 200:
+                result.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
+                return result
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk, now = json.loads(line[6:]), time.perf_counter()
+                if "error" in chunk:
+                    result.error = chunk["error"]["message"]
+                    return result
+                if chunk.get("usage"):
+                    result.usage_tokens = chunk["usage"]["completion_tokens"]
+                if not chunk.get("choices"):
+                    continue
+                if result.ttft_s is None:
+                    result.ttft_s = now - start
+                else:
+                    result.itl_s.append(now - last)
+                result.output_tokens += 1
+                last = now
+    except httpx.HTTPError as e:
+        result.error = f"{type(e).__name__}: {e}"
+        return result
+    result.e2e_s, result.ok = last - start, result.ttft_s is not None
+    return result
+
+
+async def run(base_url: str, requests: list[tuple[str, int]], rate: float, endpoint: str = "chat",
+              model: str | None = None, max_concurrency: int | None = None, seed: int = 0) -> dict:
+    """Send (prompt, output_len) pairs at Poisson times; return the summary and every result."""
+    arrivals = arrival_times(len(requests), rate, seed)
+    gate = asyncio.Semaphore(max_concurrency or len(requests) or 1)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(None, connect=10), limits=limits) as http:
+        start = time.perf_counter()
+
+        async def one(at: float, prompt: str, output_len: int) -> RequestResult:
+            await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+            async with gate:
+                return await send(http, endpoint, prompt, output_len, model)
+        results = await asyncio.gather(*(one(at, p, n) for at, (p, n) in zip(arrivals, requests)))
+        duration = time.perf_counter() - start
+    return {"summary": summarize(results, duration) | {"request_rate": rate, "endpoint": endpoint},
+            "requests": [asdict(r) | {"tpot_s": r.tpot_s} for r in results]}
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); q in [0, 100]."""
+    xs = sorted(xs)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    out = {"completed": len(ok), "failed": len(results) - len(ok), "duration_s": duration,
+           "request_throughput": len(ok) / duration, "output_tokens": sum(r.output_tokens for r in ok),
+           "output_throughput": sum(r.output_tokens for r in ok) / duration,
+           "errors": sorted({r.error for r in results if not r.ok})[:5]}
+    series = {"ttft": [r.ttft_s for r in ok], "tpot": [r.tpot_s for r in ok if r.tpot_s is not None],
+              "itl": [g for r in ok for g in r.itl_s], "e2e": [r.e2e_s for r in ok]}
+    for name, xs in series.items():
+        out[f"mean_{name}_s"] = sum(xs) / len(xs) if xs else None
+        out[f"p50_{name}_s"], out[f"p99_{name}_s"] = percentile(xs, 50), percentile(xs, 99)
+    return out
+
+
+def print_summary(s: dict) -> None:
+    print(f"rate {s['request_rate']} req/s, {s['completed']} completed, {s['failed']} failed, "
+          f"{s['duration_s']:.1f} s")
+    print(f"  throughput: {s['request_throughput']:.2f} req/s, {s['output_throughput']:.1f} output tok/s")
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        vals = [s[f"{k}_{name}_s"] for k in ("mean", "p50", "p99")]
+        if vals[0] is not None:
+            print(f"  {name.upper():>4} ms: mean {vals[0] * 1e3:8.1f}  p50 {vals[1] * 1e3:8.1f}  p99 {vals[2] * 1e3:8.1f}")
+    for e in s["errors"]:
+        print(f"  error: {e}")
+
+
+def sharegpt_requests(tokenizer_path: str | None, n: int, seed: int, max_prompt: int,
+                      max_output: int) -> list[tuple[str, int]]:
+    from transformers import AutoTokenizer
+
+    from course.s01_decode_loop.default_model import ensure_default_model
+    from course.s01_decode_loop.workloads import sample_requests
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_path or ensure_default_model())
+    return [(r.prompt, r.output_len) for r in sample_requests(tok, n, seed, max_prompt, max_output)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m course.final.bench_serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--base-url", default="http://127.0.0.1:8000")
+    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
+    p.add_argument("--model", help="the model field to send (default: none; the server has one model)")
+    p.add_argument("--tokenizer", help="for ShareGPT lengths (default: the default model's)")
+    p.add_argument("--num-requests", type=int, default=40)
+    p.add_argument("--request-rate", type=float, default=1.0, help="requests/s, Poisson; inf = all at once")
+    p.add_argument("--max-concurrency", type=int)
+    p.add_argument("--max-prompt-tokens", type=int, default=512)
+    p.add_argument("--max-output-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", help="write the summary and every request's timings here")
+    args = p.parse_args(argv)
+    requests = sharegpt_requests(args.tokenizer, args.num_requests, args.seed, args.max_prompt_tokens,
+                                 args.max_output_tokens)
+    result = asyncio.run(run(args.base_url, requests, args.request_rate, args.endpoint, args.model,
+                             args.max_concurrency, args.seed))
+    result["summary"] |= {"client_machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                          "num_requests": args.num_requests, "max_output_tokens": args.max_output_tokens}
+    print_summary(result["summary"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Test tools for the server: a tiny engine, a live server on a free localhost port, and a
+reader for /metrics. The tests (and anyone poking at the server from a notebook) use these."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from course.s01_decode_loop.testing import tiny_model
+from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+
+from .async_engine import AsyncEngine
+from .metrics import ServerMetrics
+from .server import build_app
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_engine(byte_tok, **config) -> AsyncEngine:
+    """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top."""
+    byte_tok.chat_template = CHAT_TEMPLATE
+    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=64, block_size=4, **config),
+                    [byte_tok.eos_token_id])
+    return AsyncEngine(llm, ServerMetrics("tiny"))
+
+
+@contextlib.contextmanager
+def live_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny"):
+    """The app on a free localhost port, served by uvicorn in a thread, as a user would run it.
+    Yields the base URL; stops the server and the engine on exit."""
+    engine.start()
+    srv = uvicorn.Server(uvicorn.Config(build_app(engine, tokenizer, model_name), host="127.0.0.1",
+                                        port=free_port(), log_level="warning"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if srv.started:
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("the test server did not start")
+        yield f"http://127.0.0.1:{srv.config.port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+        engine.shutdown()
+
+
+def metric(url: str, name: str, **labels) -> float:
+    """One sample's value from GET /metrics, e.g. metric(url, "vllm:num_requests_running")."""
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                return sample.value
+    raise KeyError(name)

@@ -1,0 +1,85 @@
+"""`python -m course.final serve` as a user runs it: a real process, a real port."""
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from course.final.cli import main, parse_size
+from course.final.testing import free_port
+
+
+@pytest.mark.parametrize("text,size", [("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1e9", 10**9),
+                                       ("3kb", 3000), ("100", 100)])
+def test_parse_size(text, size):
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["lots", "5XB", ""])
+def test_parse_size_refuses_nonsense(text):
+    with pytest.raises(ValueError, match="--kv-memory"):
+        parse_size(text)
+
+
+def start(*args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "course.final", "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):  # the default model may need converting on a fresh machine
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server never answered /health")
+
+
+def stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
+    try:
+        return proc.wait(timeout=30)
+    finally:
+        proc.kill()
+
+
+def test_cli_serves_a_model_folder(tiny_folder):
+    proc, url = start("--model", str(tiny_folder), "--kv-memory", "1MiB", "--served-model-name", "tiny")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 4
+        assert [m.id for m in client.models.list()] == ["tiny"]
+    finally:
+        assert stop(proc) == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "{tmp}/missing"], "error:"),
+    (["--model", "{tiny}", "--kv-memory", "lots"], "cannot read 'lots'"),
+    (["--model", "{tiny}", "--kv-memory", "16"], "holds no block"),
+])
+def test_cli_bad_arguments_exit_2_with_a_message(tiny_folder, tmp_path, capsys, args, message):
+    args = [a.format(tmp=tmp_path, tiny=tiny_folder) for a in args]
+    assert main(["serve", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_serves_the_default_model_with_no_arguments(smollm2):
+    """The README's first command: no flags, the default model, an answer a person can check."""
+    proc, url = start()
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
+                                             messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in out.choices[0].message.content
+    finally:
+        assert stop(proc) == 0
