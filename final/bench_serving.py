@@ -159,6 +159,13 @@ def sharegpt_requests(tokenizer_path: str | None, n: int, seed: int, max_prompt:
     return [(r.prompt, r.output_len) for r in sample_requests(tok, n, seed, max_prompt, max_output)]
 
 
+def write_guidellm_data(path: str, requests: list[tuple[str, int]], arrivals: list[float]) -> None:
+    """JSONL that guidellm's replay profile sends exactly as we do: same prompts, lengths, times."""
+    with open(path, "w") as f:
+        for (prompt, n), at in zip(requests, arrivals):
+            f.write(json.dumps({"prompt": prompt, "output_tokens_count": n, "relative_timestamp": at}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m course.final.bench_serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -173,9 +180,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-output-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the summary and every request's timings here")
+    p.add_argument("--guidellm-data", metavar="PATH",
+                   help="instead of running, write these requests and send times as guidellm replay data")
     args = p.parse_args(argv)
     requests = sharegpt_requests(args.tokenizer, args.num_requests, args.seed, args.max_prompt_tokens,
                                  args.max_output_tokens)
+    if args.guidellm_data:
+        write_guidellm_data(args.guidellm_data, requests, arrival_times(len(requests), args.request_rate, args.seed))
+        return
     result = asyncio.run(run(args.base_url, requests, args.request_rate, args.endpoint, args.model,
                              args.max_concurrency, args.seed))
     result["summary"] |= {"client_machine": f"{platform.machine()}, {os.cpu_count()} cores",

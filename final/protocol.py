@@ -13,7 +13,8 @@ MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: bool = False            # a last chunk with the usage of the whole request
+    continuous_usage_stats: bool = False   # vLLM's: usage so far on every chunk (guidellm asks for it)
 
 
 class _Common(BaseModel):

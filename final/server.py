@@ -21,7 +21,7 @@ from course.s02_kv_cache.kv_cache import CacheCapacityError
 from course.s04_continuous_batching.engine import QueueFullError
 
 from .async_engine import AsyncEngine, EngineDeadError
-from .protocol import ChatRequest, CompletionRequest
+from .protocol import ChatRequest, CompletionRequest, StreamOptions
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -84,8 +84,8 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
         rid, created = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         shape = Shape(kind, rid, created, model_name, len(ids), tokenizer)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return StreamingResponse(sse(shape, first, stream, include_usage), media_type="text/event-stream")
+            options = body.stream_options or StreamOptions()
+            return StreamingResponse(sse(shape, first, stream, options), media_type="text/event-stream")
         choices = [Choice() for _ in params]
         try:
             choices[first[0]].add(first[1])
@@ -149,16 +149,17 @@ class Shape:
                             for i, c in enumerate(choices)],
                 "usage": self.usage(sum(c.num_tokens for c in choices))}
 
-    def chunk(self, index=0, text="", finish=None, events=None, text_offset=0, usage=None) -> str:
+    def chunk(self, index=0, text="", finish=None, events=None, text_offset=0, usage=None, final=False) -> str:
+        """A token's chunk (with `usage` so far if asked), or with final=True the usage-only last one."""
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         body = {"id": self.rid, "object": obj, "created": self.created, "model": self.model,
-                "choices": [] if usage else [self.choice(index, text, finish, events, text_offset, delta=True)]}
+                "choices": [] if final else [self.choice(index, text, finish, events, text_offset, delta=True)]}
         if usage:
             body["usage"] = usage
         return f"data: {json.dumps(body)}\n\n"
 
 
-async def sse(shape: Shape, first, stream, include_usage: bool):
+async def sse(shape: Shape, first, stream, options: StreamOptions):
     """One SSE event per token, flushed as it comes; a client that disconnects cancels this
     generator, which closes `stream`, which aborts the request and frees its blocks."""
     n, emitted = 0, {}  # tokens sent; per choice, the length of its tokens' text (logprobs' text_offset)
@@ -166,11 +167,12 @@ async def sse(shape: Shape, first, stream, include_usage: bool):
     def chunk(index, event) -> str:
         nonlocal n
         n += 1
+        usage = shape.usage(n) if options.continuous_usage_stats else None
         if event.logprob is None:
-            return shape.chunk(index, event.text, event.finish_reason)
+            return shape.chunk(index, event.text, event.finish_reason, usage=usage)
         offset = emitted.get(index, 0)
         emitted[index] = offset + len(shape.tokenizer.decode([event.token_id]))
-        return shape.chunk(index, event.text, event.finish_reason, [event], offset)
+        return shape.chunk(index, event.text, event.finish_reason, [event], offset, usage=usage)
 
     try:
         yield chunk(*first)
@@ -180,6 +182,6 @@ async def sse(shape: Shape, first, stream, include_usage: bool):
         yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'internal_error', 'code': 500}})}\n\n"
     finally:
         await stream.aclose()
-    if include_usage:
-        yield shape.chunk(usage=shape.usage(n))
+    if options.include_usage:
+        yield shape.chunk(usage=shape.usage(n), final=True)
     yield "data: [DONE]\n\n"

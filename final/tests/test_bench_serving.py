@@ -51,3 +51,14 @@ def test_plot_serving_writes_a_png(server, tmp_path):
     assert [s["request_rate"] for s in summaries] == [5.0, 20.0]
     plot(summaries, str(tmp_path / "serving.png"))
     assert (tmp_path / "serving.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_guidellm_data_replays_our_requests_and_times(tmp_path):
+    from course.final.bench_serving import write_guidellm_data
+    from course.s01_decode_loop.workloads import arrival_times
+
+    requests, times = [("a", 3), ("b c", 5)], arrival_times(2, 1.0, 0)
+    write_guidellm_data(str(tmp_path / "d.jsonl"), requests, times)
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert rows == [{"prompt": p, "output_tokens_count": n, "relative_timestamp": t}
+                    for (p, n), t in zip(requests, times)]

@@ -225,3 +225,17 @@ def test_server_n_over_the_queue_bound_admits_none(byte_tok):
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 2})
         assert r.status_code == 429
         assert engine.call(lambda e: (len(e.scheduler.waiting), e.requests)) == (0, {})
+
+
+def test_server_accepts_guidellms_request_shape(server):
+    """The body guidellm 0.8.1 sends: content as parts, max_completion_tokens, ignore_eos and
+    vLLM's continuous_usage_stats (usage so far on every chunk)."""
+    body = {"model": "tiny", "stream": True, "max_completion_tokens": 5, "ignore_eos": True, "temperature": 0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    with httpx.stream("POST", server[0] + "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert [c["usage"]["completion_tokens"] for c in token_chunks] == [1, 2, 3, 4, 5]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 5
