@@ -14,7 +14,6 @@ from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
 from .server import build_app
 
-
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 

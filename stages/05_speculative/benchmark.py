@@ -1,0 +1,171 @@
+"""Speculative decoding on three workloads, every method, k = 1..6, against stage 02 in one run.
+
+    python -m course.s05_speculative.benchmark [--prompts 2] [--max-new-tokens 64] [--ks 1 2 3 4 5 6]
+                                               [--methods draft lookup eagle eagle-tree] [--json out.json]
+    python -m course.s05_speculative.benchmark --verify-cost   # what a k-token verify costs here
+
+Workloads (batch 1, greedy, the default model, chat template):
+  chat       ShareGPT first turns the EAGLE head never saw (its training run's held-out split)
+  rewrite    "Rewrite / summarise this text": the answer quotes its input (prompt lookup's case)
+  json       "Answer with a JSON object with these keys": structured, repetitive output
+
+For every (workload, method, k) the rows report the mean accepted length (tokens emitted per
+target forward; 1.0 = no gain), the acceptance rate of drafted tokens, and the wall-clock
+speedup: stage 02's decode time / this method's, same prompts, same tokens (every method's
+greedy output is checked equal to stage 02's). Times are of the whole generation after a
+warm-up, so prefill is in both.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.sequence import Sequence
+from course.s01_decode_loop.weights import load_model
+from course.s01_decode_loop.workloads import load_conversations, sample_requests
+from course.s02_kv_cache.generate import stream_cached
+
+from .draft_model import DraftModelDrafter, truncated_model
+from .eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
+from .prompt_lookup import PromptLookupDrafter
+from .speculative import SpecStats, stream_speculative, stream_tree_speculative
+
+JSON_SUBJECTS = ["the planet Mars", "a cup of coffee", "the Python programming language", "a mountain bike",
+                 "the city of Paris", "a honeybee"]
+TREE = {"depth": 5, "top_k": 4, "max_nodes": 16}  # EAGLE-2's shape, scaled down for a CPU
+
+
+def workloads(tokenizer, n: int) -> dict[str, list[str]]:
+    """n prompts per workload. Chat prompts come from the EAGLE training run's held-out split."""
+    held_out = sample_requests(tokenizer, 416, seed=0, max_prompt_tokens=192)[384:]
+    chat = [r.prompt for r in held_out[:n]]
+    texts = [c[1]["value"] for c in load_conversations(4000)[3000:]
+             if len(c) > 1 and c[1]["from"] == "gpt" and 400 < len(c[1]["value"]) < 900][:n]
+    rewrite = [f"{'Rewrite the following text in plain words' if i % 2 else 'Summarize the following text'}:\n\n{t}"
+               for i, t in enumerate(texts)]
+    structured = [f'Describe {s} as a JSON object with the keys "name", "category", "description", "facts" '
+                  "(a list of three short strings). Answer with the JSON only." for s in JSON_SUBJECTS[:n]]
+    return {"chat": chat, "rewrite": rewrite, "json": structured}
+
+
+def timed(stream_fn, seq: Sequence) -> float:
+    t = time.perf_counter()
+    for _ in stream_fn(seq):
+        pass
+    return time.perf_counter() - t
+
+
+def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
+        methods=("draft", "lookup", "eagle", "eagle-tree"), draft_layers: int = 4) -> dict:
+    loaded = load_model()
+    model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
+    drafters = {"draft": DraftModelDrafter(truncated_model(model, draft_layers)), "lookup": PromptLookupDrafter()}
+    if any(m.startswith("eagle") for m in methods):
+        drafters["eagle"] = drafters["eagle-tree"] = EagleDrafter(EagleHead.load(DEFAULT_HEAD, model), model)
+
+    def baseline(seq):
+        return stream_cached(model, seq)
+
+    warm = Sequence(encode_prompt(tok, "Hi", chat=True), SamplingParams(max_new_tokens=4, temperature=0), tok, eos)
+    timed(baseline, warm)
+    rows = []
+    for name, prompts in workloads(tok, n_prompts).items():
+        ids = [encode_prompt(tok, p, chat=True) for p in prompts]
+        base_out, base_time = [], 0.0
+        for p in ids:
+            seq = Sequence(p, params, tok, eos)
+            base_time += timed(baseline, seq)
+            base_out.append(seq.output_ids)
+        tokens = sum(len(o) for o in base_out)
+        rows.append({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
+                     "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True})
+        for method in methods:
+            for k in ([TREE["depth"]] if method == "eagle-tree" else ks):
+                stats, seconds, equal = SpecStats(), 0.0, True
+                for p, ref in zip(ids, base_out):
+                    seq = Sequence(p, params, tok, eos)
+                    if method == "eagle-tree":
+                        shape = TREE | {"depth": k}
+                        fn = lambda s: stream_tree_speculative(model, s, drafters[method], stats=stats, **shape)  # noqa: E731
+                    else:
+                        fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
+                    seconds += timed(fn, seq)
+                    equal &= seq.output_ids == ref
+                rows.append({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
+                             "mean_accepted_length": stats.mean_accepted_length,
+                             "acceptance_rate": stats.acceptance_rate, "speedup": base_time / seconds,
+                             "equal": equal})
+                print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
+                      f"speedup {base_time / seconds:4.2f}x{'' if equal else '  OUTPUT DIFFERS'}", flush=True)
+    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, float32",
+            "prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
+            "tree": TREE, "rows": rows}
+
+
+@torch.no_grad()
+def verify_cost(model, context: int = 128, widths=(1, 2, 3, 4, 5, 7, 17), reps: int = 10) -> dict[int, float]:
+    """Seconds for one target forward over `width` new tokens after `context` cached ones (the
+    verify step of k = width - 1), median of `reps`. Speculation pays only while the accepted
+    length grows faster than this cost."""
+    from course.s02_kv_cache.generate import forward_step
+    from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
+
+    from .speculative import forward_hidden
+
+    cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
+    forward_step(model, ContiguousKVAttention(cache), list(range(100, 100 + context)))
+    out = {}
+    for width in widths:
+        times = []
+        for _ in range(reps):
+            cache.num_tokens = context
+            t = time.perf_counter()
+            model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
+            times.append(time.perf_counter() - t)
+        out[width] = sorted(times)[reps // 2]
+    return out
+
+
+def print_table(result: dict) -> None:
+    print(f"machine: {result['machine']}; {result['prompts_per_workload']} prompts per workload, "
+          f"{result['max_new_tokens']} new tokens, greedy, batch 1")
+    print(f"{'workload':>8} {'method':>10} {'k':>2} {'acc.len':>7} {'acc.rate':>8} {'speedup':>7}")
+    for r in result["rows"]:
+        rate = f"{r['acceptance_rate']:8.2f}" if r["acceptance_rate"] is not None else f"{'-':>8}"
+        print(f"{r['workload']:>8} {r['method']:>10} {r['k']:>2} {r['mean_accepted_length']:7.2f} {rate} "
+              f"{r['speedup']:6.2f}x" + ("" if r["equal"] else "  OUTPUT DIFFERS"))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prompts", type=int, default=2, help="prompts per workload")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
+    p.add_argument("--methods", nargs="+", default=["draft", "lookup", "eagle", "eagle-tree"])
+    p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--json")
+    p.add_argument("--verify-cost", action="store_true", help="only time target forwards of 1..17 tokens")
+    args = p.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    if args.verify_cost:
+        costs = verify_cost(load_model().model)
+        for width, seconds in costs.items():
+            print(f"forward over {width:2} tokens: {seconds * 1e3:6.1f} ms = {seconds / costs[1]:.2f}x one token")
+        return
+    result = run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
+    print_table(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

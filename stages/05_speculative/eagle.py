@@ -1,0 +1,171 @@
+"""EAGLE (Li et al. 2024): draft in feature space, with one decoder layer riding on the target.
+
+The target's final hidden state f_t (what its lm_head reads to predict token t+1) already
+knows most of what comes next. The EAGLE head takes, at position t, the pair
+
+    (f_t, embedding of token t+1)  --fc: 2h -> h-->  one decoder layer  -->  f^_{t+1}
+
+and predicts the target's *next feature*; the target's own frozen lm_head turns f^_{t+1} into
+a distribution over token t+2. Feeding the token in resolves the uncertainty the feature alone
+cannot (which of several likely tokens was actually sampled). To draft k tokens, the head
+runs k times, feeding its own predicted feature and drafted token back in ("chain").
+
+The head borrows the target's embedding and lm_head (frozen, not stored) and owns only fc and
+one decoder layer: about 4M parameters for SmolLM2-135M. It keeps its own one-layer KV cache
+over positions; entries built from true target features are kept across steps, entries from
+its own guesses are dropped after each verification.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from course.s01_decode_loop.attention import AttentionBackend, AttentionMetadata
+from course.s01_decode_loop.config import ModelConfig
+from course.s01_decode_loop.model import CausalLM, DecoderLayer
+from course.s01_decode_loop.rope import RotaryEmbedding
+from course.s01_decode_loop.sequence import Sequence
+from course.s02_kv_cache.generate import step_metadata
+from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
+
+from .drafter import Draft, Drafter, draft_chain
+from .tree import Tree, TreeAttention, block_metadata
+
+DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # trained by train_eagle.py
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target_config: ModelConfig):
+        super().__init__()
+        self.config = dataclasses.replace(target_config, num_hidden_layers=1)
+        h = self.config.hidden_size
+        self.fc = nn.Linear(2 * h, h)
+        self.layer = DecoderLayer(self.config, 0)
+        self.rotary_emb = RotaryEmbedding(self.config)
+
+    def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, attn: AttentionBackend,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """features, token_embeds: [T, h] (f_t and the embedding of token t+1, at position t).
+        Returns the predicted next features f^_{t+1}: [T, h]."""
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))
+        cos, sin = self.rotary_emb(meta.positions)
+        return self.layer(x, cos, sin, attn, meta)
+
+    def save(self, path: str | Path, meta: dict | None = None) -> None:
+        tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, str(path), metadata={k: str(v) for k, v in (meta or {}).items()})
+
+    @classmethod
+    def load(cls, path: str | Path, target: CausalLM) -> "EagleHead":
+        head = cls(target.config)
+        state = load_file(str(path))
+        head.load_state_dict({k: v.to(target.dtype) for k, v in state.items()})
+        return head.to(target.device).eval()
+
+
+class EagleDrafter(Drafter):
+    """Chain drafting: k head steps, each feeding back its own feature and token."""
+    name = "eagle"
+
+    def __init__(self, head: EagleHead, target: CausalLM):
+        self.head, self.target = head, target
+        self.generator = torch.Generator(device=target.device)
+        self.features: torch.Tensor | None = None  # [capacity, h]: the target's f_t by position
+        self.num_features = 0                      # positions 0 .. num_features-1 are known
+        self.cache: KVCache | None = None          # the head's own K/V, one layer
+
+    def begin(self, seq: Sequence) -> None:
+        self.generator.manual_seed(seq.sampler.seed + 1)  # not the acceptance draws' stream
+        self.num_features = 0
+
+    def observe(self, hidden: torch.Tensor, start: int) -> None:
+        end = start + hidden.shape[0]
+        if self.features is None or start == 0 or end > self.features.shape[0]:
+            capacity = max(2 * end, 256)
+            grown = hidden.new_zeros(capacity, hidden.shape[1])
+            if self.features is not None and start > 0:
+                grown[:start] = self.features[:start]
+            self.features = grown
+            self.cache = KVCache(self.head.config, capacity, hidden.dtype, hidden.device)
+        if start == 0:  # a new request
+            self.cache.num_tokens = 0
+        self.features[start:end] = hidden
+        self.num_features = end
+        # head entries at positions >= start were built on guesses or on tokens now replaced
+        self.cache.num_tokens = min(self.cache.num_tokens, start)
+
+    @torch.no_grad()
+    def propose(self, seq: Sequence, k: int) -> Draft:
+        ids = seq.all_ids
+        if k == 0:
+            return Draft([])
+        # pairs (f_t, token t+1) exist for t < num_features (the last token's feature comes with
+        # the next verification); catch the head up on those it has not seen, in one forward
+        first = self.cache.num_tokens
+        last = self.num_features - 1
+        feats = self.features[first:last + 1]
+        tokens = torch.tensor(ids[first + 1:last + 2], device=feats.device)
+        predicted = self._step(feats, tokens, first)
+        def after(i: int, token: int) -> torch.Tensor:  # feed the guess back: its feature and token
+            nonlocal predicted
+            predicted = self._step(predicted[-1:], torch.tensor([token], device=feats.device), last + 1 + i)
+            return self.target.compute_logits(predicted[-1:])[0]
+
+        return draft_chain(self.target.compute_logits(predicted[-1:])[0], after, k, seq, self.generator)
+
+    @torch.no_grad()
+    def propose_tree(self, seq: Sequence, depth: int, top_k: int = 4, max_nodes: int = 16) -> Tree:
+        """EAGLE-2 drafting: expand the top_k most confident nodes of each level (top_k children
+        each), `depth` levels deep, then keep the max_nodes best-scoring nodes (score = summed
+        log-probability of the path; a child never outscores its parent, so the kept set is a
+        tree)."""
+        if depth == 0:
+            return Tree()
+        ids, true_len = seq.all_ids, self.cache.num_tokens
+        first, last = true_len, self.num_features - 1
+        tokens = torch.tensor(ids[first + 1:last + 2], device=self.features.device)
+        root_feature = self._step(self.features[first:last + 1], tokens, first)[-1]
+        true_len = self.cache.num_tokens  # head entries on true features; drafting appends after
+        tree, scores, feature_in, slots = Tree(), [], {}, []  # slots: node expanded at each slot
+
+        def add_children(parent: int, predicted: torch.Tensor, parent_score: float) -> list[int]:
+            logp = torch.log_softmax(self.target.compute_logits(predicted[None])[0], dim=-1)
+            top = torch.topk(logp, top_k)
+            born = []
+            for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
+                born.append(tree.add(tok, parent))
+                scores.append(parent_score + lp)
+                feature_in[born[-1]] = predicted
+            return born
+
+        frontier = add_children(-1, root_feature, 0.0)
+        for _ in range(depth - 1):
+            expand = sorted(frontier, key=lambda u: -scores[u])[:top_k]
+            ancestors = [set(tree.path_to(u)) for u in expand]
+            seen = torch.tensor([[slot in anc for slot in slots] for anc in ancestors], dtype=torch.bool)
+            mask = torch.cat([seen.reshape(len(expand), len(slots)), torch.eye(len(expand), dtype=torch.bool)], 1)
+            start = self.cache.num_tokens
+            positions = [last + tree.depths[u] for u in expand]  # the head reads (f_t, token t+1) at t
+            embeds = self.target.model.embed_tokens(torch.tensor([tree.tokens[u] for u in expand],
+                                                                  device=root_feature.device))
+            out = self.head(torch.stack([feature_in[u] for u in expand]), embeds,
+                            TreeAttention(self.cache, true_len, mask), block_metadata(start, positions, embeds.device))
+            slots += expand
+            frontier = [c for j, u in enumerate(expand) for c in add_children(u, out[j], scores[u])]
+        self.cache.num_tokens = true_len  # drop the drafting entries
+        keep = sorted(sorted(range(len(tree)), key=lambda u: -scores[u])[:max_nodes])
+        kept, index = Tree(), {}
+        for u in keep:  # creation order: parents before children
+            if tree.parents[u] >= 0 and tree.parents[u] not in index:
+                continue  # a tie cut the parent: drop the orphan
+            index[u] = kept.add(tree.tokens[u], index.get(tree.parents[u], -1))
+        return kept
+
+    def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:
+        meta = step_metadata(start, features.shape[0], features.device)
+        embeds = self.target.model.embed_tokens(tokens)
+        return self.head(features, embeds, ContiguousKVAttention(self.cache), meta)

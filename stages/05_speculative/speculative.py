@@ -1,0 +1,169 @@
+"""The speculative loop: draft k, verify k+1 positions in ONE target forward, keep what the
+target agrees with, roll the cache back past the first rejection.
+
+    prefill                       -> first token, as in stage 02
+    repeat:
+      draft   = drafter.propose(seq, k)                 (cheap)
+      logits  = target([last, d_1 .. d_k])              (one forward, k+1 positions)
+      emitted = verify(logits, draft)                   (1 .. k+1 tokens)
+      cache.num_tokens = tokens whose K/V are still right (the accepted prefix)
+
+Decode is memory-bound: reading the weights dominates a one-token step, so a (k+1)-token step
+costs about the same. Each forward emits 1 + (accepted drafts) tokens instead of 1.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from course.s01_decode_loop.model import CausalLM
+from course.s01_decode_loop.sampling import process_logits
+from course.s01_decode_loop.sequence import Sequence, TokenEvent
+from course.s02_kv_cache.generate import check_max_len, reserve_cache, step_metadata
+from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
+
+from .drafter import Drafter
+from .tree import TreeAttention, accept_greedy_path, block_metadata, compact
+from .verify import verify_greedy, verify_sampled
+
+
+@dataclass
+class SpecStats:
+    target_forwards: int = 0   # decode-phase target forwards (each verifies one draft)
+    proposed: int = 0          # drafted tokens sent to verification
+    accepted: int = 0          # drafted tokens the target kept
+    emitted: int = 0           # tokens produced by those forwards (accepted + one per forward)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per target forward (1 = no gain; k+1 = every draft accepted)."""
+        return self.emitted / self.target_forwards if self.target_forwards else 0.0
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"acceptance_rate": self.acceptance_rate,
+                               "mean_accepted_length": self.mean_accepted_length}
+
+
+@torch.no_grad()
+def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list[int]) -> torch.Tensor:
+    """Like stage 02's forward_step, but the final hidden state of every position:
+    [len(token_ids), hidden] (an EAGLE drafter feeds on them; lm_head turns rows into logits)."""
+    start = attn.cache.num_tokens
+    ids = torch.tensor(token_ids, dtype=torch.long, device=model.device)
+    return model(ids, attn, step_metadata(start, len(token_ids), model.device))
+
+
+def target_distributions(logits: torch.Tensor, seq: Sequence, draft: list[int]) -> torch.Tensor:
+    """Process each verified position as if the drafts before it had been emitted (penalties see
+    them); rows: processed logits for greedy, probabilities for sampling."""
+    rows = [process_logits(logits[i], seq.params, seq.prompt_ids, seq.output_ids + draft[:i])
+            for i in range(len(draft) + 1)]
+    out = torch.stack(rows)
+    return out if seq.params.greedy else torch.softmax(out, dim=-1)
+
+
+def stream_speculative(model: CausalLM, seq: Sequence, drafter: Drafter, k: int = 4,
+                       max_model_len: int | None = None, stats: SpecStats | None = None,
+                       cache: KVCache | None = None) -> Iterator[TokenEvent]:
+    """Stream `seq`'s tokens, drafting up to k per target forward. `stats` (if given) is filled
+    in as it runs; `cache` (if given) is used instead of a fresh one, so tests can inspect it."""
+    if k < 0:
+        raise ValueError(f"k must be >= 0, got {k}")
+    stats = stats if stats is not None else SpecStats()
+    generator = torch.Generator(device=model.device).manual_seed(seq.sampler.seed)  # acceptance draws
+    attn = ContiguousKVAttention(cache if cache is not None else reserve_cache(model, seq, max_model_len))
+    drafter.begin(seq)
+    hidden = forward_hidden(model, attn, seq.prompt_ids)  # prefill
+    drafter.observe(hidden, start=0)
+    event = seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
+    yield event
+    while not seq.finished:
+        # cache: every token but the last. Draft no further than the request may grow, so the
+        # k+1 verified positions always fit in the cache reserved for prompt + max_new_tokens.
+        room = seq.params.max_new_tokens - len(seq.output_ids)
+        draft = drafter.propose(seq, min(k, room - 1))
+        cached = attn.cache.num_tokens
+        hidden = forward_hidden(model, attn, [seq.all_ids[-1]] + draft.tokens)
+        target = target_distributions(model.compute_logits(hidden), seq, draft.tokens)
+        if seq.params.greedy:
+            emitted = verify_greedy(target, draft.tokens)
+        else:
+            emitted = verify_sampled(target, draft.tokens, draft.probs, generator)
+        attn.cache.num_tokens = cached + len(emitted)  # K/V of [last, accepted drafts]; drop the rest
+        drafter.observe(hidden[:len(emitted)], start=cached)
+        stats.target_forwards += 1
+        stats.proposed += len(draft.tokens)
+        stats.accepted += len(emitted) - 1
+        stats.emitted += len(emitted)
+        for token in emitted:
+            event = seq.append(token)
+            yield event
+            if seq.finished:  # EOS or a stop string inside an accepted run: nothing after it
+                return
+
+
+class SpeculativeGenerator:
+    """The stage CLI's `stream_fn(model, seq)`: one drafter, one k (or a tree shape), and the
+    statistics of the last request."""
+
+    def __init__(self, drafter: Drafter, k: int = 4, tree: dict | None = None):
+        self.drafter, self.k, self.tree = drafter, k, tree
+        self.last = SpecStats()
+
+    def __call__(self, model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
+        self.last = SpecStats()
+        if self.tree is not None:
+            return stream_tree_speculative(model, seq, self.drafter, stats=self.last, **self.tree)
+        return stream_speculative(model, seq, self.drafter, self.k, stats=self.last)
+
+    def stats(self) -> dict:
+        shape = {"tree": self.tree} if self.tree is not None else {"k": self.k}
+        return {"method": self.drafter.name + ("-tree" if self.tree is not None else "")} | shape | self.last.to_json()
+
+
+def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int = 5, top_k: int = 4,
+                            max_nodes: int = 16, stats: SpecStats | None = None,
+                            cache: KVCache | None = None) -> Iterator[TokenEvent]:
+    """The loop with EAGLE-2 trees (greedy only): draft a tree, verify it in one forward with a
+    tree mask, walk the accepted path, move its K/V into place."""
+    if not seq.params.greedy:
+        raise ValueError("tree speculation verifies greedy requests only (temperature 0); "
+                         "use the chain (--method eagle) for sampling")
+    stats = stats if stats is not None else SpecStats()
+    if cache is None:  # the tree block may reach max_nodes slots past the sequence
+        need = check_max_len(seq, model.config.max_position_embeddings)
+        cache = KVCache(model.config, need + max_nodes, model.dtype, model.device)
+    drafter.begin(seq)
+    hidden = forward_hidden(model, ContiguousKVAttention(cache), seq.prompt_ids)  # prefill
+    drafter.observe(hidden, start=0)
+    yield seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
+    while not seq.finished:
+        room = seq.params.max_new_tokens - len(seq.output_ids)
+        tree = drafter.propose_tree(seq, min(depth, room - 1), top_k, max_nodes)
+        start = cache.num_tokens
+        ids = torch.tensor([seq.all_ids[-1]] + tree.tokens, device=model.device)
+        positions = [start] + [start + d for d in tree.depths]
+        with torch.no_grad():
+            hidden = model(ids, TreeAttention(cache, start, tree.block_mask()),
+                           block_metadata(start, positions, model.device))
+        logits = model.compute_logits(hidden)
+        choices = [int(torch.argmax(process_logits(logits[r], seq.params, seq.prompt_ids, seq.output_ids +
+                                                   ([tree.tokens[i] for i in tree.path_to(r - 1)] if r else []))))
+                   for r in range(len(tree) + 1)]
+        path, emitted = accept_greedy_path(tree, choices)
+        compact(cache, start, path)
+        drafter.observe(hidden[[0] + [1 + i for i in path]], start=start)
+        stats.target_forwards += 1
+        stats.proposed += len(tree)
+        stats.accepted += len(path)
+        stats.emitted += len(emitted)
+        for token in emitted:
+            yield (event := seq.append(token))
+            if event.finish_reason:
+                return

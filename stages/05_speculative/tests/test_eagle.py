@@ -1,0 +1,152 @@
+"""EAGLE chain and tree drafting keep the target's greedy output; tree verification agrees
+with chain verification along every path."""
+import copy
+
+import pytest
+import torch
+
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.sequence import Sequence
+from course.s01_decode_loop.testing import tiny_model
+from course.s02_kv_cache.generate import forward_step, generate_cached
+from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
+from course.s05_speculative.eagle import EagleDrafter, EagleHead
+from course.s05_speculative.speculative import SpecStats, forward_hidden, stream_speculative, stream_tree_speculative
+from course.s05_speculative.tree import Tree, TreeAttention, accept_greedy_path, block_metadata, compact
+from course.s05_speculative.verify import verify_greedy
+
+PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]
+GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
+
+
+def eagle(model, seed=0):
+    torch.manual_seed(seed)  # an untrained head: poor drafts, which must not change the output
+    return EagleDrafter(EagleHead(model.config).eval(), model)
+
+
+def run(stream, model, tok, drafter, params=GREEDY, **kw):
+    seq, stats = Sequence(PROMPT, params, tok), SpecStats()
+    list(stream(model, seq, drafter, stats=stats, **kw))
+    return seq.output().token_ids, stats
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_eagle_chain_greedy_equals_stage02(tiny, byte_tok, k):
+    _, model = tiny
+    ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
+    out, stats = run(stream_speculative, model, byte_tok, eagle(model), k=k)
+    assert out == ref and stats.proposed > 0
+
+
+@pytest.mark.parametrize("depth,top_k,max_nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
+def test_eagle_tree_greedy_equals_stage02(tiny, byte_tok, depth, top_k, max_nodes):
+    _, model = tiny
+    ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
+    out, stats = run(stream_tree_speculative, model, byte_tok, eagle(model), depth=depth, top_k=top_k,
+                     max_nodes=max_nodes)
+    assert out == ref
+    assert 0 < stats.proposed <= max_nodes * stats.target_forwards
+
+
+def test_eagle_tree_refuses_sampling(byte_tok):
+    model = tiny_model("mha_untied")
+    with pytest.raises(ValueError, match="greedy"):
+        run(stream_tree_speculative, model, byte_tok, eagle(model), params=SamplingParams(temperature=0.7))
+
+
+def test_eagle_sampled_chain_is_seeded(byte_tok):
+    model = tiny_model("mha_untied")
+    params = [SamplingParams(max_new_tokens=12, temperature=1.0, seed=s, ignore_eos=True) for s in (4, 4, 5)]
+    runs = [run(stream_speculative, model, byte_tok, eagle(model), params=p, k=3)[0] for p in params]
+    assert runs[0] == runs[1] != runs[2]
+
+
+def prefilled(model, ids):
+    cache = KVCache(model.config, 128)
+    forward_step(model, ContiguousKVAttention(cache), ids[:-1])
+    return cache
+
+
+def test_tree_verification_agrees_with_chain_verification_on_every_path(byte_tok):
+    """A hand-made tree whose middle branch follows the target: the tree's accepted path is what
+    chain verification accepts along it, and along every other root-to-leaf path chain
+    verification accepts a prefix of it. Checks the tree mask, the positions, the compaction."""
+    model = tiny_model("mha_untied")
+    ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
+    ids = PROMPT + ref[:3]  # three tokens already emitted; the next are ref[3], ref[4], ...
+    nxt = ref[3:]
+    tree = Tree()
+    a = tree.add((nxt[0] + 1) % 258, -1)
+    b = tree.add(nxt[0], -1)                  # right
+    tree.add((nxt[1] + 7) % 258, a)
+    c = tree.add(nxt[1], b)                   # right
+    tree.add((nxt[2] + 5) % 258, b)
+    tree.add((nxt[2] + 1) % 258, c)           # wrong at depth 3
+    cache = prefilled(model, ids)
+    start = cache.num_tokens
+    block = torch.tensor([ids[-1]] + tree.tokens)
+    with torch.no_grad():
+        hidden = model(block, TreeAttention(cache, start, tree.block_mask()),
+                       block_metadata(start, [start] + [start + d for d in tree.depths], "cpu"))
+    path, emitted = accept_greedy_path(tree, torch.argmax(model.compute_logits(hidden), -1).tolist())
+    assert path == [b, c] and emitted == nxt[:3]
+
+    leaves = [i for i in range(len(tree)) if i not in tree.parents]
+    for leaf in leaves:
+        draft = [tree.tokens[i] for i in tree.path_to(leaf)]
+        chain_cache = prefilled(model, ids)
+        logits = model.compute_logits(forward_hidden(model, ContiguousKVAttention(chain_cache), [ids[-1]] + draft))
+        chain = verify_greedy(logits, draft)
+        accepted = chain[:-1]
+        assert accepted == emitted[:len(accepted)]  # a prefix of the tree's path
+        if tree.path_to(leaf)[:len(path)] == path:
+            assert chain == emitted  # along the accepted path: the same tokens, the same bonus
+
+    compact(cache, start, path)  # the K/V of the accepted path, moved into place, equal a plain run
+    plain = prefilled(model, ids + emitted[:-1] + [0])
+    n = plain.num_tokens
+    assert cache.num_tokens == n
+    torch.testing.assert_close(cache.k[:, :n], plain.k[:, :n], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(cache.v[:, :n], plain.v[:, :n], atol=1e-5, rtol=1e-4)
+
+
+def test_tree_block_mask_is_ancestry():
+    tree = Tree()
+    a = tree.add(5, -1)
+    b = tree.add(6, -1)
+    c = tree.add(7, a)
+    mask = tree.block_mask()
+    assert mask.tolist() == [[True, False, False, False],
+                             [True, True, False, False],
+                             [True, False, True, False],
+                             [True, True, False, True]]
+    assert tree.path_to(c) == [a, c] and tree.depths == [1, 1, 2] and b == 1
+
+
+def test_eagle_head_round_trips_through_safetensors(tmp_path):
+    model = tiny_model("mha_untied")
+    head = eagle(model).head
+    head.save(tmp_path / "h.safetensors", {"note": "test"})
+    again = EagleHead.load(tmp_path / "h.safetensors", model)
+    for (name, x), (_, y) in zip(head.state_dict().items(), again.state_dict().items()):
+        torch.testing.assert_close(x.to(torch.bfloat16).float(), y, msg=name)
+    assert sum(p.numel() for p in head.parameters()) < sum(p.numel() for p in model.parameters())
+    assert copy.deepcopy(again) is not None
+
+
+@pytest.mark.parametrize("depth,top_k,max_nodes", [(1, 3, 2), (4, 2, 7), (5, 4, 16)])
+def test_eagle_tree_drafts_a_well_formed_tree(byte_tok, depth, top_k, max_nodes):
+    model = tiny_model("mha_untied")
+    drafter = eagle(model)
+    seq = Sequence(PROMPT, GREEDY, byte_tok)
+    drafter.begin(seq)
+    cache = KVCache(model.config, 64)
+    drafter.observe(forward_hidden(model, ContiguousKVAttention(cache), PROMPT), start=0)
+    seq.append(5)
+    tree = drafter.propose_tree(seq, depth, top_k, max_nodes)
+    assert 0 < len(tree) <= max_nodes and max(tree.depths) <= depth
+    assert all(p < i for i, p in enumerate(tree.parents))  # parents come first
+    for i in range(len(tree)):  # siblings hold distinct tokens, so a path is unambiguous
+        sibs = [tree.tokens[j] for j in range(len(tree)) if tree.parents[j] == tree.parents[i]]
+        assert len(sibs) == len(set(sibs))
+    assert drafter.cache.num_tokens == len(PROMPT)  # the head keeps its true entries, drops the drafting ones

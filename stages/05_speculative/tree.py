@@ -1,0 +1,118 @@
+"""Tree speculation (EAGLE-2, Li et al. 2024): draft several continuations, verify them all in
+ONE target forward, keep the longest path the target agrees with.
+
+A chain bets everything on one guess per position; a tree hedges. The head expands, level by
+level, the most confident nodes (score = the sum of log-probabilities along the path, which
+approximates the chance that the target accepts the whole path), then keeps the best
+`max_nodes` of all it drafted. The target reads the tree flattened, each node attending to the
+cached prefix and to its own ancestors only (a *tree attention mask*), at position
+prefix + depth. Greedy verification walks down from the root, always to the child whose token
+is the target's choice; the accepted nodes' K/V are then moved to consecutive cache slots.
+Trees verify greedy requests; sampled requests use the chain (EAGLE's multi-round rejection
+sampling for trees is left out).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from course.s01_decode_loop.attention import AttentionBackend, AttentionMetadata
+from course.s02_kv_cache.kv_cache import KVCache
+
+
+@dataclass
+class Tree:
+    """Drafted nodes, parents before children. Node i: token, parent (-1 = the root, i.e. the
+    last emitted token), depth (1 = a child of the root)."""
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    depths: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def add(self, token: int, parent: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(1 if parent < 0 else self.depths[parent] + 1)
+        return len(self.tokens) - 1
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root's child down to `node`."""
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def block_mask(self) -> torch.Tensor:
+        """[1 + N, 1 + N] bool for the verification block [root, nodes...]: row i may see
+        column j iff j is i itself or one of its ancestors (the root is everyone's)."""
+        n = len(self) + 1
+        mask = torch.eye(n, dtype=torch.bool)
+        mask[:, 0] = True
+        for i in range(len(self)):
+            for a in self.path_to(i):
+                mask[i + 1, a + 1] = True
+        return mask
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax attention with an explicit [Tq, Tk] boolean mask (True = may attend); GQA aware."""
+    h, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    k = k.repeat_interleave(h // hkv, dim=1)
+    v = v.repeat_interleave(h // hkv, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * d ** -0.5
+    scores = scores.masked_fill(~mask.to(q.device), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+
+
+class TreeAttention(AttentionBackend):
+    """Append this block's K/V after what the cache holds; every query sees the first
+    `prefix_len` slots (the real sequence) and, among the slots after them, what `mask` allows.
+    `mask`: [block, slots written after the prefix, this block included]."""
+
+    def __init__(self, cache: KVCache, prefix_len: int, mask: torch.Tensor):
+        self.cache, self.prefix_len, self.mask = cache, prefix_len, mask
+
+    def forward(self, layer, q, k, v, meta: AttentionMetadata):
+        total = int(meta.seq_lens[0])
+        start = total - q.shape[0]
+        self.cache.write(layer, start, k, v)
+        full = torch.cat([torch.ones(q.shape[0], self.prefix_len, dtype=torch.bool), self.mask], dim=1)
+        return masked_attention(q, self.cache.k[layer, :total], self.cache.v[layer, :total], full)
+
+
+def block_metadata(start_slot: int, positions: list[int], device) -> AttentionMetadata:
+    """A block written at cache slots start_slot.., its tokens at the given (RoPE) positions,
+    which in a tree repeat: siblings share a position."""
+    return AttentionMetadata(positions=torch.tensor(positions, device=device),
+                             cu_seqlens_q=torch.tensor([0, len(positions)], device=device),
+                             seq_lens=torch.tensor([start_slot + len(positions)], device=device))
+
+
+def accept_greedy_path(tree: Tree, choices: list[int]) -> tuple[list[int], list[int]]:
+    """choices[i]: the target's greedy token after block row i (row 0 = root). Walk down while a
+    child holds the target's choice. Returns (accepted node indices, tokens to emit)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents):
+        children.setdefault(p, []).append(i)
+    path, node = [], -1
+    while True:
+        want = choices[node + 1]
+        nxt = next((c for c in children.get(node, []) if tree.tokens[c] == want), None)
+        if nxt is None:
+            return path, [tree.tokens[i] for i in path] + [want]
+        path.append(nxt)
+        node = nxt
+
+
+def compact(cache: KVCache, start: int, path: list[int]) -> None:
+    """Move the accepted nodes' K/V (block rows 1 + i, at slots start + 1 + i) right after the
+    root (slot start), in order; the cache then holds root + path and nothing else."""
+    src = torch.tensor([start + 1 + i for i in path], dtype=torch.long)
+    dst = torch.arange(start + 1, start + 1 + len(path))
+    cache.k[:, dst] = cache.k[:, src]
+    cache.v[:, dst] = cache.v[:, src]
+    cache.num_tokens = start + 1 + len(path)
