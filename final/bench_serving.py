@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.workloads import arrival_times
 
 
@@ -194,8 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                           "num_requests": args.num_requests, "max_output_tokens": args.max_output_tokens}
     print_summary(result["summary"])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -27,12 +27,12 @@ def parse_size(text: str) -> int:
         raise ValueError(f"--kv-memory: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
 
 
-def num_kv_blocks(args: argparse.Namespace, model_config, dtype: torch.dtype) -> int:
-    """--kv-blocks as given, or as many blocks as --kv-memory holds for this model."""
-    if args.kv_memory is None:
+def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config, dtype: torch.dtype) -> int:
+    """--kv-blocks as given, or as many blocks as `kv_memory` bytes (--kv-memory) hold for this model."""
+    if kv_memory is None:
         return args.kv_blocks
     per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
-    blocks = parse_size(args.kv_memory) // per_block
+    blocks = kv_memory // per_block
     if blocks < 1:
         raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
                          f"takes {per_block} bytes for this model")
@@ -41,10 +41,9 @@ def num_kv_blocks(args: argparse.Namespace, model_config, dtype: torch.dtype) ->
 
 def build_server(args: argparse.Namespace):
     dtype = getattr(torch, args.dtype)
-    if args.kv_memory is not None:
-        parse_size(args.kv_memory)  # a typo fails now, not after loading the model
+    kv_memory = parse_size(args.kv_memory) if args.kv_memory is not None else None  # a typo fails before loading
     loaded = load_model(args.model, dtype=dtype, device=args.device)
-    blocks = num_kv_blocks(args, loaded.model.config, dtype)
+    blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
     config = EngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                           record_steps=False)

@@ -8,11 +8,12 @@ queue is full, 500 only for an engine failure, and that for the one request alon
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -24,8 +25,12 @@ from .async_engine import AsyncEngine, EngineDeadError
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
 
 
+def error_body(status: int, message: str, kind: str) -> dict:
+    return {"error": {"message": message, "type": kind, "code": status}}
+
+
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    return JSONResponse(error_body(status, message, kind), status_code=status)
 
 
 def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
@@ -51,19 +56,19 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
                                             "max_model_len": max_len}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
+    async def completions(body: CompletionRequest):
         ids = tokenizer(body.prompt).input_ids
-        return await respond(body, ids, body.max_tokens, "text_completion", request)
+        return await respond(body, ids, body.max_tokens, "text_completion")
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatRequest, request: Request):
+    async def chat(body: ChatRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(rendered, add_special_tokens=False).input_ids
         max_tokens = body.max_completion_tokens or body.max_tokens or max(1, max_len - len(ids))
-        return await respond(body, ids, max_tokens, "chat.completion", request)
+        return await respond(body, ids, max_tokens, "chat.completion")
 
-    async def respond(body, ids: list[int], max_tokens: int, kind: str, request: Request):
+    async def respond(body, ids: list[int], max_tokens: int, kind: str):
         if len(ids) + max_tokens > max_len:
             return error(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
@@ -135,11 +140,13 @@ class Shape:
         Chat: a list of {token, logprob, bytes, top_logprobs}. Tokens are shown as their text."""
         token = lambda i: self.tokenizer.decode([i])  # noqa: E731
         if self.chat:
-            entry = lambda i, lp: {"token": token(i), "logprob": lp, "bytes": list(token(i).encode())}  # noqa: E731
+            def entry(i: int, lp: float) -> dict:
+                text = token(i)
+                return {"token": text, "logprob": lp, "bytes": list(text.encode())}
             return {"content": [entry(e.token_id, e.logprob) | {"top_logprobs": [entry(i, lp) for i, lp in e.top_logprobs]}
                                 for e in events]}
         tokens = [token(e.token_id) for e in events]
-        offsets = [text_offset + sum(len(t) for t in tokens[:k]) for k in range(len(tokens))]
+        offsets = list(itertools.accumulate((len(t) for t in tokens[:-1]), initial=text_offset))
         return {"tokens": tokens, "token_logprobs": [e.logprob for e in events],
                 "top_logprobs": [{token(i): lp for i, lp in e.top_logprobs} for e in events], "text_offset": offsets}
 
@@ -179,7 +186,7 @@ async def sse(shape: Shape, first, stream, options: StreamOptions):
         async for index, event in stream:
             yield chunk(index, event)
     except EngineDeadError as e:
-        yield f"data: {json.dumps({'error': {'message': str(e), 'type': 'internal_error', 'code': 500}})}\n\n"
+        yield f"data: {json.dumps(error_body(500, str(e), 'internal_error'))}\n\n"
     finally:
         await stream.aclose()
     if options.include_usage:

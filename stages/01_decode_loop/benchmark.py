@@ -55,6 +55,12 @@ def run(new_tokens: list[int], repeats: int = 1) -> list[dict]:
     return rows
 
 
+def write_json(path: str, result) -> None:
+    """What every stage's benchmark does with `--json`: the result, indented, for plots and notes."""
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+
+
 def _timed(fn, n) -> float:
     t = time.perf_counter()
     fn(n)
@@ -79,8 +85,7 @@ def main() -> None:
     rows = run(args.new_tokens, args.repeats)
     print_table(rows)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+        write_json(args.json, rows)
 
 
 if __name__ == "__main__":

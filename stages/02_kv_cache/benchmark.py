@@ -10,13 +10,13 @@ every token's time, for the notebook's plot).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
 
 import torch
 
+from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt, generate_naive
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
@@ -96,8 +96,7 @@ def main() -> None:
     result = run(args.new_tokens)
     print_report(result)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 
 import torch
 
+from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
@@ -110,8 +110,7 @@ def main() -> None:
     pre = prefix_ttft(loaded, args.questions, args.system_tokens)
     print_report(mem, pre)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"memory": mem, "prefix": pre}, f, indent=2)
+        write_json(args.json, {"memory": mem, "prefix": pre})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ plus the machine's compute ceiling: measured float32 GEMM FLOP/s / (2 x params F
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -26,6 +25,7 @@ import time
 
 import torch
 
+from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
@@ -168,8 +168,7 @@ def main() -> None:
     result = run(args.requests, args.rates, args.max_output, args.budget)
     print_report(result)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

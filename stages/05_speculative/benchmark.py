@@ -18,14 +18,13 @@ warm-up, so prefill is in both.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 
+from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
@@ -164,7 +163,7 @@ def main() -> None:
     result = run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
     print_table(result)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ class EagleHead(nn.Module):
 
 
 class EagleDrafter(Drafter):
-    """Chain drafting: k head steps, each feeding back its own feature and token."""
+    """Drafts with the head: a chain (k steps, each feeding back its own feature and token) or
+    an EAGLE-2 tree (`propose_tree`)."""
     name = "eagle"
 
     def __init__(self, head: EagleHead, target: CausalLM):
@@ -84,38 +85,41 @@ class EagleDrafter(Drafter):
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:
         end = start + hidden.shape[0]
-        if self.features is None or start == 0 or end > self.features.shape[0]:
+        if self.features is None or end > self.features.shape[0]:
             capacity = max(2 * end, 256)
             grown = hidden.new_zeros(capacity, hidden.shape[1])
             if self.features is not None and start > 0:
                 grown[:start] = self.features[:start]
             self.features = grown
             self.cache = KVCache(self.head.config, capacity, hidden.dtype, hidden.device)
-        if start == 0:  # a new request
-            self.cache.num_tokens = 0
         self.features[start:end] = hidden
         self.num_features = end
-        # head entries at positions >= start were built on guesses or on tokens now replaced
+        # head entries at positions >= start were built on guesses, on tokens now replaced, or
+        # (start == 0) on another request
         self.cache.num_tokens = min(self.cache.num_tokens, start)
+
+    def _catch_up(self, seq: Sequence) -> torch.Tensor:
+        """Feed the head the pairs (f_t, token t+1) it has not seen; they exist for
+        t < num_features (the last token's feature comes with the next verification). Returns
+        the predicted feature of the last token's position, [h]; the head cache then holds only
+        entries built on true features."""
+        first, last = self.cache.num_tokens, self.num_features - 1
+        tokens = torch.tensor(seq.all_ids[first + 1:last + 2], device=self.features.device)
+        return self._step(self.features[first:last + 1], tokens, first)[-1]
 
     @torch.no_grad()
     def propose(self, seq: Sequence, k: int) -> Draft:
-        ids = seq.all_ids
         if k == 0:
             return Draft([])
-        # pairs (f_t, token t+1) exist for t < num_features (the last token's feature comes with
-        # the next verification); catch the head up on those it has not seen, in one forward
-        first = self.cache.num_tokens
-        last = self.num_features - 1
-        feats = self.features[first:last + 1]
-        tokens = torch.tensor(ids[first + 1:last + 2], device=feats.device)
-        predicted = self._step(feats, tokens, first)
+        predicted, position = self._catch_up(seq), self.num_features
+
         def after(i: int, token: int) -> torch.Tensor:  # feed the guess back: its feature and token
             nonlocal predicted
-            predicted = self._step(predicted[-1:], torch.tensor([token], device=feats.device), last + 1 + i)
-            return self.target.compute_logits(predicted[-1:])[0]
+            token_ids = torch.tensor([token], device=predicted.device)
+            predicted = self._step(predicted[None], token_ids, position + i)[-1]
+            return self.target.compute_logits(predicted[None])[0]
 
-        return draft_chain(self.target.compute_logits(predicted[-1:])[0], after, k, seq, self.generator)
+        return draft_chain(self.target.compute_logits(predicted[None])[0], after, k, seq, self.generator)
 
     @torch.no_grad()
     def propose_tree(self, seq: Sequence, depth: int, top_k: int = 4, max_nodes: int = 16) -> Tree:
@@ -125,11 +129,8 @@ class EagleDrafter(Drafter):
         tree)."""
         if depth == 0:
             return Tree()
-        ids, true_len = seq.all_ids, self.cache.num_tokens
-        first, last = true_len, self.num_features - 1
-        tokens = torch.tensor(ids[first + 1:last + 2], device=self.features.device)
-        root_feature = self._step(self.features[first:last + 1], tokens, first)[-1]
-        true_len = self.cache.num_tokens  # head entries on true features; drafting appends after
+        root_feature = self._catch_up(seq)
+        true_len, last = self.cache.num_tokens, self.num_features - 1  # drafting entries go after true_len
         tree, scores, feature_in, slots = Tree(), [], {}, []  # slots: node expanded at each slot
 
         def add_children(parent: int, predicted: torch.Tensor, parent_score: float) -> list[int]:

@@ -45,6 +45,13 @@ class SpecStats:
         """Tokens emitted per target forward (1 = no gain; k+1 = every draft accepted)."""
         return self.emitted / self.target_forwards if self.target_forwards else 0.0
 
+    def record(self, proposed: int, emitted: int) -> None:
+        """One verification: `proposed` drafts checked, `emitted` tokens out (accepted + 1)."""
+        self.target_forwards += 1
+        self.proposed += proposed
+        self.accepted += emitted - 1
+        self.emitted += emitted
+
     def to_json(self) -> dict:
         return asdict(self) | {"acceptance_rate": self.acceptance_rate,
                                "mean_accepted_length": self.mean_accepted_length}
@@ -59,13 +66,30 @@ def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list
     return model(ids, attn, step_metadata(start, len(token_ids), model.device))
 
 
-def target_distributions(logits: torch.Tensor, seq: Sequence, draft: list[int]) -> torch.Tensor:
-    """Process each verified position as if the drafts before it had been emitted (penalties see
-    them); rows: processed logits for greedy, probabilities for sampling."""
-    rows = [process_logits(logits[i], seq.params, seq.prompt_ids, seq.output_ids + draft[:i])
-            for i in range(len(draft) + 1)]
+def processed_rows(logits: torch.Tensor, seq: Sequence, before: list[list[int]]) -> torch.Tensor:
+    """Process each verified row as if the drafted tokens `before[row]` had been emitted ahead
+    of it (penalties see them): a chain's row i follows its first i drafts, a tree's row follows
+    its node's path. Returns processed logits, or probabilities for a sampled request."""
+    rows = [process_logits(logits[r], seq.params, seq.prompt_ids, seq.output_ids + drafts)
+            for r, drafts in enumerate(before)]
     out = torch.stack(rows)
     return out if seq.params.greedy else torch.softmax(out, dim=-1)
+
+
+def prefill(model: CausalLM, attn, seq: Sequence, drafter: Drafter) -> TokenEvent:
+    """Prefill as in stage 02, show the drafter the prompt's features, emit the first token."""
+    drafter.begin(seq)
+    hidden = forward_hidden(model, attn, seq.prompt_ids)
+    drafter.observe(hidden, start=0)
+    return seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
+
+
+def emit(seq: Sequence, tokens: list[int]) -> Iterator[TokenEvent]:
+    """Append verified tokens one by one; EOS or a stop string inside the run ends it there."""
+    for token in tokens:
+        yield seq.append(token)
+        if seq.finished:
+            return
 
 
 def stream_speculative(model: CausalLM, seq: Sequence, drafter: Drafter, k: int = 4,
@@ -78,11 +102,7 @@ def stream_speculative(model: CausalLM, seq: Sequence, drafter: Drafter, k: int 
     stats = stats if stats is not None else SpecStats()
     generator = torch.Generator(device=model.device).manual_seed(seq.sampler.seed)  # acceptance draws
     attn = ContiguousKVAttention(cache if cache is not None else reserve_cache(model, seq, max_model_len))
-    drafter.begin(seq)
-    hidden = forward_hidden(model, attn, seq.prompt_ids)  # prefill
-    drafter.observe(hidden, start=0)
-    event = seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
-    yield event
+    yield prefill(model, attn, seq, drafter)
     while not seq.finished:
         # cache: every token but the last. Draft no further than the request may grow, so the
         # k+1 verified positions always fit in the cache reserved for prompt + max_new_tokens.
@@ -90,22 +110,47 @@ def stream_speculative(model: CausalLM, seq: Sequence, drafter: Drafter, k: int 
         draft = drafter.propose(seq, min(k, room - 1))
         cached = attn.cache.num_tokens
         hidden = forward_hidden(model, attn, [seq.all_ids[-1]] + draft.tokens)
-        target = target_distributions(model.compute_logits(hidden), seq, draft.tokens)
+        target = processed_rows(model.compute_logits(hidden), seq,
+                                [draft.tokens[:i] for i in range(len(draft.tokens) + 1)])
         if seq.params.greedy:
             emitted = verify_greedy(target, draft.tokens)
         else:
             emitted = verify_sampled(target, draft.tokens, draft.probs, generator)
         attn.cache.num_tokens = cached + len(emitted)  # K/V of [last, accepted drafts]; drop the rest
         drafter.observe(hidden[:len(emitted)], start=cached)
-        stats.target_forwards += 1
-        stats.proposed += len(draft.tokens)
-        stats.accepted += len(emitted) - 1
-        stats.emitted += len(emitted)
-        for token in emitted:
-            event = seq.append(token)
-            yield event
-            if seq.finished:  # EOS or a stop string inside an accepted run: nothing after it
-                return
+        stats.record(len(draft.tokens), len(emitted))
+        yield from emit(seq, emitted)
+
+
+def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int = 5, top_k: int = 4,
+                            max_nodes: int = 16, stats: SpecStats | None = None,
+                            cache: KVCache | None = None) -> Iterator[TokenEvent]:
+    """The loop with EAGLE-2 trees (greedy only): draft a tree, verify it in one forward with a
+    tree mask, walk the accepted path, move its K/V into place."""
+    if not seq.params.greedy:
+        raise ValueError("tree speculation verifies greedy requests only (temperature 0); "
+                         "use the chain (--method eagle) for sampling")
+    stats = stats if stats is not None else SpecStats()
+    if cache is None:  # the tree block may reach max_nodes slots past the sequence
+        need = check_max_len(seq, model.config.max_position_embeddings)
+        cache = KVCache(model.config, need + max_nodes, model.dtype, model.device)
+    yield prefill(model, ContiguousKVAttention(cache), seq, drafter)
+    while not seq.finished:
+        room = seq.params.max_new_tokens - len(seq.output_ids)
+        tree = drafter.propose_tree(seq, min(depth, room - 1), top_k, max_nodes)
+        start = cache.num_tokens
+        ids = torch.tensor([seq.all_ids[-1]] + tree.tokens, device=model.device)
+        positions = [start] + [start + d for d in tree.depths]
+        with torch.no_grad():
+            hidden = model(ids, TreeAttention(cache, start, tree.block_mask()),
+                           block_metadata(start, positions, model.device))
+        before = [[]] + [[tree.tokens[i] for i in tree.path_to(node)] for node in range(len(tree))]
+        choices = torch.argmax(processed_rows(model.compute_logits(hidden), seq, before), dim=-1).tolist()
+        path, emitted = accept_greedy_path(tree, choices)
+        compact(cache, start, path)
+        drafter.observe(hidden[[0] + [1 + i for i in path]], start=start)
+        stats.record(len(tree), len(emitted))
+        yield from emit(seq, emitted)
 
 
 class SpeculativeGenerator:
@@ -125,45 +170,3 @@ class SpeculativeGenerator:
     def stats(self) -> dict:
         shape = {"tree": self.tree} if self.tree is not None else {"k": self.k}
         return {"method": self.drafter.name + ("-tree" if self.tree is not None else "")} | shape | self.last.to_json()
-
-
-def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int = 5, top_k: int = 4,
-                            max_nodes: int = 16, stats: SpecStats | None = None,
-                            cache: KVCache | None = None) -> Iterator[TokenEvent]:
-    """The loop with EAGLE-2 trees (greedy only): draft a tree, verify it in one forward with a
-    tree mask, walk the accepted path, move its K/V into place."""
-    if not seq.params.greedy:
-        raise ValueError("tree speculation verifies greedy requests only (temperature 0); "
-                         "use the chain (--method eagle) for sampling")
-    stats = stats if stats is not None else SpecStats()
-    if cache is None:  # the tree block may reach max_nodes slots past the sequence
-        need = check_max_len(seq, model.config.max_position_embeddings)
-        cache = KVCache(model.config, need + max_nodes, model.dtype, model.device)
-    drafter.begin(seq)
-    hidden = forward_hidden(model, ContiguousKVAttention(cache), seq.prompt_ids)  # prefill
-    drafter.observe(hidden, start=0)
-    yield seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
-    while not seq.finished:
-        room = seq.params.max_new_tokens - len(seq.output_ids)
-        tree = drafter.propose_tree(seq, min(depth, room - 1), top_k, max_nodes)
-        start = cache.num_tokens
-        ids = torch.tensor([seq.all_ids[-1]] + tree.tokens, device=model.device)
-        positions = [start] + [start + d for d in tree.depths]
-        with torch.no_grad():
-            hidden = model(ids, TreeAttention(cache, start, tree.block_mask()),
-                           block_metadata(start, positions, model.device))
-        logits = model.compute_logits(hidden)
-        choices = [int(torch.argmax(process_logits(logits[r], seq.params, seq.prompt_ids, seq.output_ids +
-                                                   ([tree.tokens[i] for i in tree.path_to(r - 1)] if r else []))))
-                   for r in range(len(tree) + 1)]
-        path, emitted = accept_greedy_path(tree, choices)
-        compact(cache, start, path)
-        drafter.observe(hidden[[0] + [1 + i for i in path]], start=start)
-        stats.target_forwards += 1
-        stats.proposed += len(tree)
-        stats.accepted += len(path)
-        stats.emitted += len(emitted)
-        for token in emitted:
-            yield (event := seq.append(token))
-            if event.finish_reason:
-                return
