@@ -1,0 +1,1 @@
+"""Stage 08: structured generation: grammars -> a byte-level pushdown automaton -> token masks."""

@@ -1,0 +1,237 @@
+"""The one grammar representation every front end (EBNF, regex, JSON Schema) compiles to.
+
+A grammar is a set of named rules; a rule's body is an expression built from five pieces:
+
+    Bytes(b"...")            a literal byte string (b"" matches the empty string)
+    CharClass(ranges)        one Unicode character whose code point lies in the ranges
+    Ref("name")              the rule `name` (the only piece that needs a stack)
+    Seq(a, b, ...) / Alt(a, b, ...)
+    Repeat(item, min, max)   item repeated min..max times (max None = unbounded)
+
+Characters are code points here; the automaton (automaton.py) turns them into UTF-8 byte
+sequences, so matching is on bytes and a token may end in the middle of a character.
+`Grammar.to_ebnf()` prints the grammar in the EBNF dialect that ebnf.py parses and xgrammar
+reads, which is how the tests hand the very same grammar to the outside reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+MAX_CODEPOINT = 0x10FFFF
+SURROGATES = (0xD800, 0xDFFF)  # not characters; UTF-8 never encodes them
+
+
+class GrammarError(ValueError):
+    """A grammar, regex or schema that cannot be compiled; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Bytes:
+    value: bytes
+
+
+@dataclass(frozen=True)
+class CharClass:
+    ranges: tuple[tuple[int, int], ...]  # sorted, disjoint, inclusive code point ranges
+
+    @staticmethod
+    def of(ranges, negated: bool = False) -> "CharClass":
+        """Normalise (sort, merge, drop surrogates) and optionally complement over all characters."""
+        merged: list[list[int]] = []
+        for lo, hi in sorted((int(lo), int(hi)) for lo, hi in ranges):
+            if lo > hi or lo < 0 or hi > MAX_CODEPOINT:
+                raise GrammarError(f"bad character range {lo:#x}-{hi:#x}")
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        if negated:
+            out, start = [], 0
+            for lo, hi in merged:
+                if lo > start:
+                    out.append([start, lo - 1])
+                start = hi + 1
+            if start <= MAX_CODEPOINT:
+                out.append([start, MAX_CODEPOINT])
+            merged = out
+        return CharClass(tuple(_without_surrogates(merged)))
+
+
+def _without_surrogates(ranges):
+    s_lo, s_hi = SURROGATES
+    for lo, hi in ranges:
+        if hi < s_lo or lo > s_hi:
+            yield (lo, hi)
+            continue
+        if lo < s_lo:
+            yield (lo, s_lo - 1)
+        if hi > s_hi:
+            yield (s_hi + 1, hi)
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+
+
+@dataclass(frozen=True)
+class Seq:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Alt:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Repeat:
+    item: "Expr"
+    min: int
+    max: int | None  # None = unbounded
+
+    def __post_init__(self):
+        if self.min < 0 or (self.max is not None and self.max < self.min):
+            raise GrammarError(f"bad repetition bounds {{{self.min},{self.max}}}")
+
+
+Expr = Union[Bytes, CharClass, Ref, Seq, Alt, Repeat]
+EMPTY = Bytes(b"")
+
+
+# Small constructors that keep trees flat; front ends build with these.
+def lit(text: str | bytes) -> Bytes:
+    return Bytes(text.encode() if isinstance(text, str) else text)
+
+
+def chars(spec: str, negated: bool = False) -> CharClass:
+    """chars("a-zA-Z_") -> a class; a '-' between two characters makes a range."""
+    ranges, i = [], 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            ranges.append((ord(spec[i]), ord(spec[i + 2])))
+            i += 3
+        else:
+            ranges.append((ord(spec[i]), ord(spec[i])))
+            i += 1
+    return CharClass.of(ranges, negated)
+
+
+def seq(*items: Expr) -> Expr:
+    flat = []
+    for it in items:
+        if isinstance(it, Seq):
+            flat.extend(it.items)
+        elif it != EMPTY:
+            flat.append(it)
+    return EMPTY if not flat else flat[0] if len(flat) == 1 else Seq(tuple(flat))
+
+
+def alt(*items: Expr) -> Expr:
+    flat = []
+    for it in items:
+        for x in (it.items if isinstance(it, Alt) else (it,)):
+            if x not in flat:
+                flat.append(x)
+    if not flat:
+        raise GrammarError("an alternation needs at least one alternative")
+    return flat[0] if len(flat) == 1 else Alt(tuple(flat))
+
+
+def repeat(item: Expr, lo: int, hi: int | None) -> Expr:
+    if hi == 0:
+        return EMPTY
+    if lo == hi == 1:
+        return item
+    return Repeat(item, lo, hi)
+
+
+def star(item: Expr) -> Expr:
+    return repeat(item, 0, None)
+
+
+def plus(item: Expr) -> Expr:
+    return repeat(item, 1, None)
+
+
+def opt(item: Expr) -> Expr:
+    return repeat(item, 0, 1)
+
+
+@dataclass
+class Grammar:
+    rules: dict[str, Expr] = field(default_factory=dict)
+    root: str = "root"
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        if self.root not in self.rules:
+            raise GrammarError(f"the grammar has no root rule {self.root!r}")
+        missing = sorted({r.name for body in self.rules.values() for r in refs_in(body)} - set(self.rules))
+        if missing:
+            raise GrammarError(f"undefined rule(s): {', '.join(missing)}")
+
+    def to_ebnf(self) -> str:
+        order = [self.root] + [n for n in self.rules if n != self.root]
+        return "".join(f"{name} ::= {expr_to_ebnf(self.rules[name])}\n" for name in order)
+
+    def __str__(self) -> str:
+        return self.to_ebnf()
+
+
+def refs_in(expr: Expr):
+    if isinstance(expr, Ref):
+        yield expr
+    elif isinstance(expr, (Seq, Alt)):
+        for it in expr.items:
+            yield from refs_in(it)
+    elif isinstance(expr, Repeat):
+        yield from refs_in(expr.item)
+
+
+# ---------------------------------------------------------------- printing (EBNF, xgrammar's dialect)
+_STRING_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_CLASS_SPECIAL = set("]\\^-[")
+
+
+def _escape_char(cp: int, in_class: bool) -> str:
+    if cp in _STRING_ESCAPES and (not in_class or cp != ord('"')):
+        return _STRING_ESCAPES[cp]
+    if in_class and chr(cp) in _CLASS_SPECIAL:
+        return "\\" + chr(cp)
+    if cp < 0x20 or cp == 0x7F:
+        return f"\\x{cp:02x}"
+    if cp > 0x7E:
+        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
+    return chr(cp)
+
+
+def expr_to_ebnf(expr: Expr) -> str:
+    if isinstance(expr, Bytes):
+        text = expr.value.decode("utf-8")  # front ends only build UTF-8 literals
+        return '"' + "".join(_escape_char(ord(c), False) for c in text) + '"'
+    if isinstance(expr, CharClass):
+        parts = []
+        for lo, hi in expr.ranges:
+            parts.append(_escape_char(lo, True) if lo == hi else f"{_escape_char(lo, True)}-{_escape_char(hi, True)}")
+        return "[" + "".join(parts) + "]" if parts else '[^\\x00-\\U0010ffff]'
+    if isinstance(expr, Ref):
+        return expr.name
+    if isinstance(expr, Seq):
+        return " ".join(_atom(it) if isinstance(it, Alt) else expr_to_ebnf(it) for it in expr.items)
+    if isinstance(expr, Alt):
+        return " | ".join(expr_to_ebnf(it) for it in expr.items)
+    if isinstance(expr, Repeat):
+        suffix = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((expr.min, expr.max))
+        if suffix is None:
+            suffix = f"{{{expr.min},{'' if expr.max is None else expr.max}}}"
+        return _atom(expr.item) + suffix
+    raise TypeError(f"not a grammar expression: {expr!r}")
+
+
+def _atom(expr: Expr) -> str:
+    text = expr_to_ebnf(expr)
+    return text if isinstance(expr, (Bytes, CharClass, Ref)) else f"({text})"

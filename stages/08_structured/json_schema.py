@@ -1,0 +1,326 @@
+"""JSON Schema -> grammar: what a generation engine does with `response_format={"json_schema": ...}`.
+
+A schema describes a *set of JSON values*; a grammar describes a *set of strings*. To turn one
+into the other we first fix how a value is written, then spell out every value of the set in
+that writing:
+
+    format   json.dumps(value, ensure_ascii=False): ", " between items, ": " after keys, no
+             other whitespace, object properties in the schema's declared order
+
+With the spelling fixed, each JSON type becomes a small piece of grammar, and the schema's
+keywords narrow those pieces down:
+
+    {"type": "integer", "minimum": -15, "maximum": 123}
+      root ::= "-" ([1-9] | "1" [0-5]) | "0" | [1-9] | [1-9] [0-9] | "1" ([0-1] [0-9] | "2" [0-3])
+
+Objects are the interesting part. Members come out in declared order, optional ones may be
+skipped, and the separator ", " appears only *between* members. So the grammar is a chain of
+small rules, one per property, each meaning "the members from here on, once something has
+been written" (linear in the number of properties, not one alternative per subset):
+
+    {"type": "object", "required": ["b"], "properties":
+     {"a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}}}
+      root ::= "{" ("\\"a\\": " integer root_rest1 | "\\"b\\": " string root_rest2) "}"
+      root_rest1 ::= ", \\"b\\": " string root_rest2
+      root_rest2 ::= ", \\"c\\": " root_c | ""
+      root_c ::= "true" | "false"
+
+(`integer`, `string`, `value`, ... are shared helper rules, the same in every grammar.)
+
+Four more ideas cover the rest of the supported language:
+
+* `$ref` becomes a named rule and a reference to it, so recursive schemas (a tree, a linked
+  list) are fine: the grammar recurses where the schema does. A reference that would loop
+  without first entering an object or array never produces a value and is rejected.
+* `allOf` (and `$ref` next to other keywords) asks for *both*; grammars cannot intersect, so
+  we merge the schemas keyword by keyword (types intersect, minimums take the max, ...).
+  `anyOf` asks for *either*: an alternation. Together they are expanded into a flat list of
+  plain alternatives (disjunctive normal form) before any grammar is built.
+* `oneOf` means *exactly one* branch. When the branches can never both match (different
+  types, different `const` tags) that is the same as `anyOf`; otherwise we refuse, since
+  treating it as `anyOf` would accept values the schema rejects.
+* `enum` / `const` are finite: each value's canonical spelling is a literal, kept only if the
+  schema's other keywords accept it (checked by matching the literal against their grammar).
+
+Everything else raises `UnsupportedSchemaError` naming the keyword and where it is. The rule
+we keep is *never looser*: a grammar that accepts a value the schema rejects would let the
+model write invalid output, which is the one thing structured generation promises not to do.
+Where we are stricter than the schema it is documented below.
+
+Two readings of a schema (`strict`):
+
+    strict=True   how generation engines (xgrammar's strict_mode) read it: an object schema
+                  that declares `properties` or `required` allows no other properties unless
+                  `additionalProperties` says so, `prefixItems` without `items` allows no more
+                  items, and `format` is enforced for date, time, date-time, uuid, ipv4.
+    strict=False  what the specification says (used for the JSON-Schema-Test-Suite): absent
+                  `additionalProperties` allows any extra property, `format` is an annotation.
+
+In both, the defaults are applied after `allOf`/`anyOf`/`$ref` siblings are merged, so
+`{"properties": {...}, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}` means what it
+says. Where both converters support a schema, strict mode accepts the same strings as
+`xgrammar.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)`, except
+where xgrammar is looser than the schema (listed in the tests).
+
+Where we are stricter than the schema (the grammar never writes these, though they are valid):
+
+* An object's properties appear in declared order; extra properties come after them.
+* An extra property's name may use a backslash escape only for characters that occur in no
+  declared name: otherwise "\\u0061" could smuggle a wrong-typed "a" in as an extra property.
+* `pattern`: characters that need escaping inside a JSON string (`"`, `\\`, control
+  characters) are removed from the pattern's literals and classes, so the part of a string
+  the pattern matches is always written raw. The text around an unanchored match may contain
+  escapes.
+* `minLength`/`maxLength` count an escape as one character, and take no \\u escapes of
+  surrogates: "\\ud83d\\ude00" is one character written as two escapes (json.dumps writes it raw).
+* Formats accept their canonical spelling only (uuid: 8-4-4-4-12 hex digits; ipv4: no
+  leading zeros; date/time: RFC 3339 without leap seconds, years 0001-9999).
+
+Keyword table (SUPPORTED_FEATURES / UNSUPPORTED_FEATURES hold the same, for the README):
+
+    supported                       how
+    type (one or a list)            one grammar piece per type; no type = every type
+    enum, const                     literals of the canonical spelling, filtered by siblings
+    properties, required            the member chain above; required undeclared names too
+    additionalProperties            bool or schema; extra names never decode to a declared one
+    items, prefixItems              per-position pieces, ", " between them
+    minItems, maxItems              repetition bounds
+    uniqueItems                     false, or true when maxItems <= 1 (otherwise refused)
+    minLength, maxLength            character repetition bounds
+    pattern                         regex_parser.py, with search semantics (unanchored = "...*")
+    minimum, maximum,               integers only: an exact digit-range expression
+    exclusiveMinimum/Maximum
+    anyOf, allOf, $ref (local)      alternation, keyword merge, named rules (recursion ok)
+    oneOf                           when its branches are provably disjoint
+    format (strict mode)            date, time, date-time, uuid, ipv4
+    $defs, definitions              where references point
+    annotations                     ignored: title, description, default, examples, ...
+
+    unsupported: not, if/then/else, patternProperties, propertyNames, dependentRequired,
+    dependentSchemas, min/maxProperties, uniqueItems (true), contains, multipleOf,
+    minimum/maximum on non-integer numbers, unevaluatedItems/Properties, $dynamicRef,
+    $anchor, $id below the root, remote $ref, other formats (strict mode), pattern together
+    with minLength/maxLength/format, unknown keywords.
+
+Where the code is: json_schema_keywords.py (the errors, the keyword vocabulary and its
+checks), json_schema_merge.py (flattening $ref/allOf/anyOf/oneOf into alternatives),
+json_schema_build.py (one alternative -> grammar pieces), json_schema_values.py (leaf pieces:
+integer ranges, strings, formats, patterns, the shared helper rules). This file ties them
+together: rule names, $ref rules, and the final clean-up.
+"""
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from urllib.parse import unquote
+
+from .grammar import EMPTY, Alt, Bytes, CharClass, Expr, Grammar, Ref, Repeat, Seq, refs_in
+from .json_schema_build import _Builder
+from .json_schema_keywords import (EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,
+                                   resolve_pointer)
+from .json_schema_merge import _Flattener
+from .json_schema_values import _HELPERS, FORMATS, NEVER, _alt, _repeat, _seq
+from .json_schema_values import integer_range  # noqa: F401 (importable from here, as before)
+
+__all__ = ["FORMATS", "SUPPORTED_FEATURES", "UNSUPPORTED_FEATURES", "EmptySchemaError", "SchemaError",
+           "UnsupportedSchemaError", "canonical_json", "json_schema_to_grammar"]
+
+
+SUPPORTED_FEATURES = {
+    "type": "one grammar piece per type (a list = alternatives; no type = every type)",
+    "enum, const": "literals of the canonical spelling, kept if the sibling keywords accept them",
+    "properties, required": "members in declared order; optional ones may be left out",
+    "additionalProperties": "bool or schema; extra names are JSON strings that never decode to a declared one",
+    "items, prefixItems": "a piece per position, then repeated items",
+    "minItems, maxItems": "repetition bounds",
+    "uniqueItems": "false, or true with maxItems <= 1",
+    "minLength, maxLength": "bounded repetition of one string character (an escape counts as one)",
+    "pattern": "the regex with search semantics; unanchored sides get any characters",
+    "minimum, maximum, exclusiveMinimum, exclusiveMaximum": "integers only: an exact digit-range expression",
+    "anyOf": "alternation",
+    "allOf": "keywords merged into one schema",
+    "oneOf": "alternation, when no two branches can match the same value",
+    "$ref": "local JSON pointers (#, #/$defs/x, #/definitions/x, #/properties/a/...): a named rule",
+    "format": "strict mode only: date, time, date-time, uuid, ipv4",
+    "$defs, definitions": "reference targets",
+    "annotations": "ignored: title, description, $comment, examples, default, deprecated, readOnly, "
+                   "writeOnly, $schema, $id (root), contentMediaType, contentEncoding, contentSchema",
+}
+
+UNSUPPORTED_FEATURES = {
+    "not": "the complement of a language is not something a grammar piece can express in general",
+    "if, then, else": "conditions on the value (if: true/false picks its branch; if alone, or then/else "
+                      "without if, have no effect, as the spec says)",
+    "patternProperties": "keys matching a regex overlap with declared keys and with each other",
+    "propertyNames": "constraints on key spellings",
+    "dependentRequired, dependentSchemas, dependencies": "constraints between properties",
+    "minProperties, maxProperties": "counting members",
+    "uniqueItems": "true (with maxItems > 1): no context-free grammar can compare items",
+    "contains, minContains, maxContains": "counting matching items",
+    "multipleOf": "divisibility",
+    "minimum, maximum (numbers)": "bounds on non-integer numbers",
+    "unevaluatedProperties, unevaluatedItems": "depend on what other keywords evaluated",
+    "$dynamicRef, $dynamicAnchor, $anchor, $id (below the root)": "dynamic and named resources",
+    "$ref (remote)": "references to other documents",
+    "format": "strict mode: formats other than date, time, date-time, uuid, ipv4",
+    "pattern with minLength/maxLength/format": "two string languages would have to intersect",
+    "oneOf": "branches that might overlap (anyOf would be looser)",
+    "unknown keywords": "refused rather than ignored, in case they were meant to constrain",
+}
+
+
+def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True) -> Grammar:
+    """Compile a JSON Schema (a dict, a bool, or JSON text) into a Grammar whose language is
+    the canonical spelling of exactly the values the schema accepts."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SchemaError(f"the schema is not valid JSON: {e}") from None
+    return _Converter(schema, strict).grammar()
+
+
+def _trivial(expr: Expr) -> bool:
+    return isinstance(expr, (Bytes, CharClass, Ref))
+
+
+def _sanitize(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text).strip("_")[:48] or "rule"
+    return name if not name[0].isdigit() else "r" + name
+
+
+class _Converter(_Flattener, _Builder):
+    """One schema document -> one Grammar. Flattening comes from _Flattener, the grammar pieces
+    from _Builder; here: rule names, $ref rules and the final clean-up."""
+
+    def __init__(self, document, strict: bool):
+        self.doc, self.strict = document, strict
+        self.rules: dict[str, Expr | None] = {}   # None while a $ref rule is being built
+        self.ref_names: dict[str, str] = {}       # pointer -> rule name
+        self.unguarded: list[str] = []            # $ref rules entered since the last { or [
+        self.inlining: list[str] = []             # $ref targets being merged with siblings
+        self.checked: set[int] = set()
+
+    def grammar(self) -> Grammar:
+        self.ref_rule("#")
+        productive = self._productive(self.rules)
+        if "root" not in productive:
+            raise EmptySchemaError("the schema accepts no JSON value (schema false, or "
+                                   "contradictory keywords)")
+        # A reference to a rule that produces nothing ($ref to false, ...) is the impossible:
+        # drop those branches so that no empty rule is left in the grammar.
+        self.rules = {name: _without_dead_refs(body, productive) for name, body in self.rules.items()
+                      if name in productive}
+        reachable = self._reachable("root")
+        return Grammar({name: body for name, body in self.rules.items() if name in reachable})
+
+    # -------------------------------------------------------------- rules
+    def fresh(self, base: str) -> str:
+        name, n = _sanitize(base), 1
+        while name in self.rules or name in _HELPERS:
+            n += 1
+            name = f"{_sanitize(base)}_{n}"
+        self.rules[name] = None
+        return name
+
+    def named(self, hint: str, expr: Expr) -> Expr:
+        """Give a piece that is used more than once its own rule (small pieces stay inline)."""
+        if _trivial(expr) or expr == EMPTY:
+            return expr
+        name = self.fresh(hint)
+        self.rules[name] = expr
+        return Ref(name)
+
+    def helper(self, name: str) -> Ref:
+        """The shared pieces: value, object, array, string, char, number, integer, formats."""
+        if name not in self.rules:
+            self.rules[name] = None
+            self.rules[name] = _HELPERS[name](self)
+        return Ref(name)
+
+    def ref_rule(self, pointer: str) -> str:
+        name = self.ref_names.get(pointer)
+        if name is not None:
+            if pointer in self.unguarded:
+                raise SchemaError(f"$ref cycle through {pointer} that never enters an object or "
+                                  "array: it can never produce a value")
+            return name
+        target = self.resolve(pointer, pointer)
+        name = self.ref_names[pointer] = "root" if pointer == "#" else self.fresh(pointer[2:])
+        self.rules[name] = None
+        self.unguarded.append(pointer)
+        try:
+            self.rules[name] = self.convert([(target, pointer)], name)
+        finally:
+            self.unguarded.pop()
+        return name
+
+    @contextmanager
+    def guarded(self):
+        """Inside an object or array a $ref may recurse: the output has grown by then."""
+        saved, self.unguarded = self.unguarded, []
+        try:
+            yield
+        finally:
+            self.unguarded = saved
+
+    def resolve(self, ref: str, where: str):
+        if not ref.startswith("#"):
+            raise UnsupportedSchemaError("$ref", where, f"remote reference {ref!r}")
+        fragment = unquote(ref[1:])
+        if fragment and not fragment.startswith("/"):
+            raise UnsupportedSchemaError("$anchor", where, f"reference to a named anchor {ref!r}")
+        try:
+            return resolve_pointer(self.doc, fragment)
+        except KeyError:
+            raise SchemaError(f"$ref {ref!r} at {where} points to nothing") from None
+
+    # -------------------------------------------------------------- final clean-up
+    def _reachable(self, root: str) -> set[str]:
+        seen, todo = set(), [root]
+        while todo:
+            name = todo.pop()
+            if name not in seen:
+                seen.add(name)
+                todo.extend(r.name for r in refs_in(self.rules[name]))
+        return seen
+
+    @staticmethod
+    def _productive(rules: dict) -> set[str]:
+        """Rules that can produce at least one string (fixpoint)."""
+        good: set[str] = set()
+
+        def can(e: Expr) -> bool:
+            if isinstance(e, Bytes):
+                return True
+            if isinstance(e, CharClass):
+                return bool(e.ranges)
+            if isinstance(e, Ref):
+                return e.name in good
+            if isinstance(e, Seq):
+                return all(can(it) for it in e.items)
+            if isinstance(e, Alt):
+                return any(can(it) for it in e.items)
+            return e.min == 0 or can(e.item)
+
+        changed = True
+        while changed:
+            changed = False
+            for name, body in rules.items():
+                if name not in good and can(body):
+                    good.add(name)
+                    changed = True
+        return good
+
+
+def _without_dead_refs(expr: Expr, productive: set) -> Expr:
+    if isinstance(expr, Ref):
+        return expr if expr.name in productive else NEVER
+    if isinstance(expr, Seq):
+        return _seq(*(_without_dead_refs(it, productive) for it in expr.items))
+    if isinstance(expr, Alt):
+        return _alt(*(_without_dead_refs(it, productive) for it in expr.items))
+    if isinstance(expr, Repeat):
+        return _repeat(_without_dead_refs(expr.item, productive), expr.min, expr.max)
+    return expr

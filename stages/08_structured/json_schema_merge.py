@@ -1,0 +1,273 @@
+"""Flattening for json_schema.py: $ref, allOf, anyOf, oneOf (and a constant `if`) are expanded
+into a flat list of alternatives, each a plain conjunction of keywords (`_Flat`). Two schemas
+that must both hold are merged keyword by keyword; oneOf is kept only when its branches are
+provably disjoint."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from .json_schema_keywords import (TYPES, VALUE_KEYWORDS, UnsupportedSchemaError, _json_type, _same_json,
+                                   canonical_json, check_schema)
+from .json_schema_values import _NEEDS_ESCAPE, _PendingRule, matches
+
+MAX_ALTERNATIVES = 64  # anyOf x anyOf x ... beyond this is refused rather than built
+
+
+# ------------------------------------------------------------------ the flattened schema
+@dataclass
+class _Flat:
+    """A conjunction of plain keywords: allOf/anyOf/oneOf are gone, a $ref is kept only alone.
+    Sub-schemas are stored as lists of (schema, pointer) that must all hold."""
+    kw: dict = field(default_factory=dict)
+    where: dict = field(default_factory=dict)  # keyword -> pointer of the schema it came from
+    ref: str | None = None                     # a bare {"$ref": pointer}: stays a rule reference
+
+    def trivial(self) -> bool:
+        return not self.kw and self.ref is None
+
+
+class _Flattener:
+    """The flattening half of json_schema._Converter (a mixin). It uses the converter's `strict`,
+    `checked`, `inlining`, `rules`, `resolve` and `flat_expr`."""
+
+    # -------------------------------------------------------------- flattening (DNF)
+    def dnf(self, schema, path: str) -> list[_Flat]:
+        """The schema as a list of alternatives, each a plain conjunction of keywords."""
+        if schema is True:
+            return [_Flat()]
+        if schema is False:
+            return []
+        check_schema(schema, path, self.checked)
+        flats = [self.own(schema, path)]
+        if "$ref" in schema:
+            flats = self.conjoin(flats, [_Flat(ref=self.pointer_of(schema["$ref"], path))])
+        if isinstance(schema.get("if"), bool):  # a constant condition picks its branch
+            branch = "then" if schema["if"] else "else"
+            if branch in schema:
+                flats = self.conjoin(flats, self.dnf(schema[branch], f"{path}/{branch}"))
+        for i, sub in enumerate(schema.get("allOf", ())):
+            flats = self.conjoin(flats, self.dnf(sub, f"{path}/allOf/{i}"))
+        if "anyOf" in schema:
+            flats = self.conjoin(flats, [f for i, sub in enumerate(schema["anyOf"])
+                                         for f in self.dnf(sub, f"{path}/anyOf/{i}")])
+        if "oneOf" in schema:  # branches only need to be disjoint within what the rest allows
+            branches = [self.conjoin(flats, self.dnf(sub, f"{path}/oneOf/{i}"))
+                        for i, sub in enumerate(schema["oneOf"])]
+            for i in range(len(branches)):
+                for j in range(i):
+                    if not all(self.disjoint(a, b) for a in branches[i] for b in branches[j]):
+                        raise UnsupportedSchemaError("oneOf", path, f"branches {j} and {i} may both "
+                                                     "match a value (anyOf would be looser)")
+            flats = [f for branch in branches for f in branch]
+        if len(flats) > MAX_ALTERNATIVES:
+            raise UnsupportedSchemaError("anyOf", path, f"more than {MAX_ALTERNATIVES} combinations")
+        return flats
+
+    def pointer_of(self, ref, path: str) -> str:
+        self.resolve(ref, path)  # raises for remote refs, anchors and dangling pointers
+        return "#" + unquote(ref[1:])
+
+    def own(self, schema: dict, path: str) -> _Flat:
+        """The schema's own plain keywords, with sub-schemas as (schema, pointer) lists."""
+        kw = {}
+        for key in VALUE_KEYWORDS:
+            if key not in schema or key in ("enum", "const") or (key == "format" and not self.strict):
+                continue
+            value = schema[key]
+            if key == "type":
+                value = frozenset([value] if isinstance(value, str) else value)
+            elif key == "properties":
+                value = {name: [(sub, f"{path}/properties/{_escape_pointer(name)}")]
+                         for name, sub in value.items()}
+            elif key in ("additionalProperties", "items"):
+                value = [(value, f"{path}/{key}")]
+            elif key == "prefixItems":
+                value = [[(sub, f"{path}/prefixItems/{i}")] for i, sub in enumerate(value)]
+            elif key == "required":
+                value = list(dict.fromkeys(value))
+            kw[key] = value
+        if "enum" in schema or "const" in schema:  # const = a one-value enum
+            values = schema["enum"] if "enum" in schema else [schema["const"]]
+            kw["enum"] = [v for v in values if "const" not in schema or _same_json(v, schema["const"])]
+        return _Flat(kw, {k: path for k in kw})
+
+    def conjoin(self, left: list[_Flat], right: list[_Flat]) -> list[_Flat]:
+        out = []
+        for a in left:
+            for b in right:
+                merged = self.merge(a, b)
+                out.extend(merged)
+        return out
+
+    def merge(self, a: _Flat, b: _Flat) -> list[_Flat]:
+        """Both must hold. Returns [] when they contradict; a $ref next to other keywords is
+        inlined (once: a reference that recurses back into itself here is refused)."""
+        if b.trivial():
+            return [a]
+        if a.trivial():
+            return [b]
+        if a.ref is not None or b.ref is not None:
+            ref_side, other = (a, b) if a.ref is not None else (b, a)
+            return self.conjoin(self.expand(ref_side), [other])
+        kw, where = dict(a.kw), dict(a.where)
+        for key, value in b.kw.items():
+            if key in ("properties", "additionalProperties", "prefixItems", "items"):
+                continue  # positional: merged below
+            if key not in kw:
+                kw[key], where[key] = value, b.where[key]
+                continue
+            kw[key] = _combine(key, kw[key], value, where[key])
+            if kw[key] is None:
+                return []
+        self.merge_members(a.kw, b.kw, kw, where, b.where)
+        return [_Flat(kw, where)]
+
+    @staticmethod
+    def merge_members(a: dict, b: dict, kw: dict, where: dict, b_where: dict) -> None:
+        """Object members and array items of two schemas that must both hold: each name (each
+        position) must satisfy what *each* side says about it, as declared or as additional."""
+        if any(k in side for side in (a, b) for k in ("properties", "additionalProperties")):
+            names = list(dict.fromkeys([*a.get("properties", {}), *b.get("properties", {})]))
+            if names:
+                kw["properties"] = {n: _member_conj(a, n) + _member_conj(b, n) for n in names}
+                where.setdefault("properties", b_where.get("properties"))
+            if "additionalProperties" in a or "additionalProperties" in b:
+                kw["additionalProperties"] = a.get("additionalProperties", []) + b.get("additionalProperties", [])
+                where.setdefault("additionalProperties", b_where.get("additionalProperties"))
+        if any(k in side for side in (a, b) for k in ("prefixItems", "items")):
+            longest = max(len(a.get("prefixItems", ())), len(b.get("prefixItems", ())))
+            if longest:
+                kw["prefixItems"] = [_item_conj(a, j) + _item_conj(b, j) for j in range(longest)]
+                where.setdefault("prefixItems", b_where.get("prefixItems"))
+            if "items" in a or "items" in b:
+                kw["items"] = a.get("items", []) + b.get("items", [])
+                where.setdefault("items", b_where.get("items"))
+
+    def expand(self, flat: _Flat) -> list[_Flat]:
+        pointer = flat.ref
+        if pointer in self.inlining:
+            raise UnsupportedSchemaError("$ref", pointer, "a recursive reference combined with "
+                                         "other keywords would have to be unrolled forever")
+        self.inlining.append(pointer)
+        try:
+            return self.dnf(self.resolve(pointer, pointer), pointer)
+        finally:
+            self.inlining.pop()
+
+    def flats_of(self, conj) -> list[_Flat]:
+        flats = [_Flat()]
+        for schema, path in conj:
+            flats = self.conjoin(flats, self.dnf(schema, path))
+        return flats
+
+    # -------------------------------------------------------------- oneOf: can two branches overlap?
+    def disjoint(self, f: _Flat, g: _Flat) -> bool:
+        """True only when no value can satisfy both (a proof, not a guess)."""
+        try:
+            if f.ref is not None or g.ref is not None:
+                fs = self.expand(f) if f.ref is not None else [f]
+                gs = self.expand(g) if g.ref is not None else [g]
+                return all(self.disjoint(x, y) for x in fs for y in gs)
+        except UnsupportedSchemaError:
+            return False
+        tf, tg = _types_of(f), _types_of(g)
+        if not _widen(tf) & _widen(tg):
+            return True
+        for a, b in ((f, g), (g, f)):
+            if "enum" in a.kw and all(self.excludes(b, v) for v in a.kw["enum"]):
+                return True
+        if tf <= {"object"} and tg <= {"object"}:
+            fp, gp = f.kw.get("properties", {}), g.kw.get("properties", {})
+            for name in set(f.kw.get("required", ())) & set(g.kw.get("required", ())):
+                if name in fp and name in gp and all(
+                        self.disjoint(x, y) for x in self.flats_of(fp[name]) for y in self.flats_of(gp[name])):
+                    return True
+        if tf <= {"integer"} and tg <= {"integer"}:
+            (lo1, hi1), (lo2, hi2) = _int_bounds(f.kw), _int_bounds(g.kw)
+            if (hi1 is not None and lo2 is not None and hi1 < lo2) or \
+                    (hi2 is not None and lo1 is not None and hi2 < lo1):
+                return True
+        return False
+
+    def excludes(self, f: _Flat, value) -> bool:
+        """Provably, `value` does not satisfy f. Our grammars are exact for the canonical spelling
+        of numbers, booleans, null and plain strings, but stricter than the schema for some
+        objects (property order), strings with a pattern (escapes) or a format: no proof there."""
+        kind = _json_type(value)
+        types = f.kw.get("type", frozenset(TYPES))
+        if kind not in types and not (kind == "integer" and "number" in types):
+            return True
+        if "enum" in f.kw:
+            return not any(_same_json(value, w) for w in f.kw["enum"])
+        if kind in ("object", "array") or (kind == "string" and (
+                "format" in f.kw or ("pattern" in f.kw and any(ord(c) in _NEEDS_ESCAPE for c in value)))):
+            return False
+        try:
+            return not matches(self.rules, self.flat_expr(f, "oneof_check"), canonical_json(value))
+        except _PendingRule:
+            return False
+
+
+def _member_conj(kw: dict, name: str) -> list:
+    """What one schema says about the member `name`: its declared schema, else the
+    additionalProperties schema, else nothing ([] = any value)."""
+    declared = kw.get("properties", {})
+    return declared[name] if name in declared else kw.get("additionalProperties", [])
+
+
+def _item_conj(kw: dict, j: int) -> list:
+    prefix = kw.get("prefixItems", ())
+    return prefix[j] if j < len(prefix) else kw.get("items", [])
+
+
+def _types_of(f: _Flat) -> frozenset:
+    types = f.kw.get("type", frozenset(TYPES))
+    if "enum" in f.kw:
+        types = _intersect_types(types, {_json_type(v) for v in f.kw["enum"]})
+    return types
+
+
+def _int_bounds(kw: dict) -> tuple[int | None, int | None]:
+    """The smallest and largest integer the bound keywords allow (None = unbounded)."""
+    lows = [math.ceil(kw["minimum"])] if "minimum" in kw else []
+    lows += [math.floor(kw["exclusiveMinimum"]) + 1] if "exclusiveMinimum" in kw else []
+    highs = [math.floor(kw["maximum"])] if "maximum" in kw else []
+    highs += [math.ceil(kw["exclusiveMaximum"]) - 1] if "exclusiveMaximum" in kw else []
+    return (max(lows) if lows else None), (min(highs) if highs else None)
+
+
+def _combine(key: str, x, y, where: str):
+    """One keyword from two schemas that must both hold; None = they contradict."""
+    if key == "type":
+        return _intersect_types(x, y) or None
+    if key == "enum":
+        return [v for v in x if any(_same_json(v, w) for w in y)]  # [] is fine: nothing left
+    if key == "required":
+        return list(dict.fromkeys([*x, *y]))
+    if key in ("minItems", "minLength", "minimum", "exclusiveMinimum"):
+        return max(x, y)
+    if key in ("maxItems", "maxLength", "maximum", "exclusiveMaximum"):
+        return min(x, y)
+    if key == "uniqueItems":
+        return x or y
+    if x == y:  # pattern, format
+        return x
+    raise UnsupportedSchemaError(key, where, "two different values that must both hold")
+
+
+def _escape_pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _widen(types) -> set:
+    """'number' includes the integers: spell that out so sets can be intersected."""
+    return set(types) | ({"integer"} if "number" in types else set())
+
+
+def _intersect_types(a, b) -> frozenset:
+    out = {t for t in a if t in b}
+    if ("number" in a and "integer" in b) or ("integer" in a and "number" in b):
+        out.add("integer")
+    return frozenset(out)

@@ -1,0 +1,302 @@
+"""The leaf grammars of json_schema.py: pieces that depend on no schema structure. Integer
+ranges, the characters and escapes of JSON strings, formats, regex patterns made safe inside a
+JSON string, escapes allowed in extra property names, and the shared helper rules (value,
+object, string, ...). Also `matches`: does a literal fit a piece?"""
+from __future__ import annotations
+
+import bisect
+
+from .grammar import (EMPTY, Alt, Bytes, CharClass, Expr, Ref, Repeat, Seq, alt, chars, lit, opt, plus, repeat,
+                      seq, star)
+
+FORMATS = ("date", "time", "date-time", "uuid", "ipv4")
+
+NEVER = CharClass(())  # matches nothing: `false`, an impossible required member, ...
+DIGIT, NONZERO, HEX = chars("0-9"), chars("1-9"), chars("0-9a-fA-F")
+# A raw string character: anything but '"', '\' and the control characters U+0000-U+001F.
+PLAIN = CharClass.of([(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x10FFFF)])
+SIMPLE_ESCAPES = chars('"\\/bfnrt')
+
+
+# ------------------------------------------------------------------ grammar pieces that know NEVER
+def _seq(*items: Expr) -> Expr:
+    """seq(), but anything followed by the impossible is impossible; adjacent literals merge."""
+    if NEVER in items:
+        return NEVER
+    out = seq(*items)
+    if isinstance(out, Seq):
+        merged: list[Expr] = []
+        for it in out.items:
+            if merged and isinstance(it, Bytes) and isinstance(merged[-1], Bytes):
+                merged[-1] = Bytes(merged[-1].value + it.value)
+            else:
+                merged.append(it)
+        out = merged[0] if len(merged) == 1 else Seq(tuple(merged))
+    return out
+
+
+def _alt(*items: Expr) -> Expr:
+    live = [it for it in items if it != NEVER]
+    return alt(*live) if live else NEVER
+
+
+def _repeat(item: Expr, lo: int, hi: int | None) -> Expr:
+    if item == NEVER:
+        return EMPTY if lo == 0 else NEVER
+    return repeat(item, lo, hi)
+
+
+def _class_minus(cls: CharClass, points) -> Expr:
+    """The class without the given code points (NEVER if nothing is left)."""
+    holes = CharClass.of([(p, p) for p in points], negated=True)  # everything but the points
+    kept = [(max(lo, a), min(hi, b)) for lo, hi in cls.ranges for a, b in holes.ranges
+            if max(lo, a) <= min(hi, b)]
+    return CharClass.of(kept) if kept else NEVER
+
+
+# ------------------------------------------------------------------ integers in a range
+def integer_range(lo: int | None, hi: int | None) -> Expr:
+    """Exactly the canonical spellings of the integers in [lo, hi] (None = unbounded)."""
+    if lo is not None and hi is not None and lo > hi:
+        return NEVER
+    parts = []
+    if lo is None or lo < 0:    # negatives: "-" and a magnitude
+        mag_lo = -hi if hi is not None and hi < 0 else 1
+        parts.append(_seq(lit("-"), _positive_range(mag_lo, None if lo is None else -lo)))
+    if (lo is None or lo <= 0) and (hi is None or hi >= 0):
+        parts.append(lit("0"))
+    if hi is None or hi > 0:
+        parts.append(_positive_range(max(lo, 1) if lo is not None else 1, hi))
+    return _alt(*parts)
+
+
+def _positive_range(a: int, b: int | None) -> Expr:
+    """Integers a..b (a >= 1), split by number of digits: each length is a range of equal-length
+    digit strings; past b's length (b None) any longer number will do."""
+    if b is not None and b < a:
+        return NEVER
+    if b is None and str(a) == "1" + "0" * (len(str(a)) - 1):  # 1, 10, 100, ...: any longer will do
+        return _seq(NONZERO, repeat(DIGIT, len(str(a)) - 1, None))
+    longest = len(str(b)) if b is not None else len(str(a))
+    parts = [_same_length(str(max(a, 10 ** (n - 1))), str(min(b, 10 ** n - 1) if b is not None else 10 ** n - 1))
+             for n in range(len(str(a)), longest + 1)]
+    if b is None:
+        parts.append(_seq(NONZERO, repeat(DIGIT, len(str(a)), None)))
+    return _alt(*parts)
+
+
+def _same_length(x: str, y: str) -> Expr:
+    """Digit strings from x to y, both of the same length: share the common first digit, or split
+    into [x..x9999], [x0+1 .. y0-1] followed by any digits, [y0000..y]."""
+    if x == y:
+        return lit(x)
+    if len(x) == 1:
+        return chars(f"{x}-{y}")
+    if x[0] == y[0]:
+        return _seq(lit(x[0]), _same_length(x[1:], y[1:]))
+    rest = len(x) - 1
+    low_full, high_full = x[1:] == "0" * rest, y[1:] == "9" * rest
+    first, last = int(x[0]) + (0 if low_full else 1), int(y[0]) - (0 if high_full else 1)
+    parts = []
+    if not low_full:
+        parts.append(_seq(lit(x[0]), _same_length(x[1:], "9" * rest)))
+    if first <= last:
+        parts.append(_seq(chars(f"{first}-{last}"), repeat(DIGIT, rest, rest)))
+    if not high_full:
+        parts.append(_seq(lit(y[0]), _same_length("0" * rest, y[1:])))
+    return _alt(*parts)
+
+
+# ------------------------------------------------------------------ escapes in extra property names
+_SHORT_ESCAPES = {"\"": '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _safe_escape(used: set[int]) -> Expr:
+    """What may follow a backslash in an extra key: escapes of characters in no declared name.
+    (If a name has a character beyond U+FFFF, no surrogate \\u escape is safe: a pair of
+    them could spell it.)"""
+    short = [ord(k) for k, v in _SHORT_ESCAPES.items() if ord(v) not in used]
+    banned = sorted(used | (set(range(0xD800, 0xE000)) if max(used, default=0) > 0xFFFF else set()))
+    return _alt(CharClass.of([(c, c) for c in short]) if short else NEVER,
+                _seq(lit("u"), _hex_excluding(banned, 0, 4)))
+
+
+def _hex_excluding(banned: list[int], base: int, digits: int) -> Expr:
+    """`digits` hex digits (either case) spelling a number in [base, base + 16**digits) that is
+    not in the sorted list `banned`: free leading digits share one class, the rest recurse."""
+    if digits == 0:
+        return EMPTY
+    size, free, parts = 16 ** (digits - 1), [], []
+    for d in range(16):
+        lo = base + d * size
+        hits = bisect.bisect_left(banned, lo + size) - bisect.bisect_left(banned, lo)
+        if hits == 0:
+            free.append(d)
+        elif hits < size:
+            parts.append(_seq(_hex_digits([d]), _hex_excluding(banned, lo, digits - 1)))
+    if free:
+        parts.insert(0, _seq(_hex_digits(free), repeat(HEX, digits - 1, digits - 1)))
+    return _alt(*parts)
+
+
+def _hex_digits(values) -> CharClass:
+    return CharClass.of([(ord(c), ord(c)) for v in values for c in {f"{v:x}", f"{v:X}"}])
+
+
+def _has_surrogate(text: str) -> bool:
+    return any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+
+
+def _in_class(cls: CharClass, ch: str) -> bool:
+    return any(lo <= ord(ch) <= hi for lo, hi in cls.ranges)
+
+
+# ------------------------------------------------------------------ patterns inside JSON strings
+def _top_level_alternatives(pattern: str) -> list[str]:
+    """Split on '|' outside groups and classes: anchors belong to one alternative each."""
+    out, start, depth, in_class, i = [], 0, 0, False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c in "()":
+            depth += 1 if c == "(" else -1
+        elif c == "|" and depth == 0:
+            out.append(pattern[start:i])
+            start = i + 1
+        i += 1
+    return out + [pattern[start:]]
+
+
+def _ends_with_anchor(branch: str) -> bool:
+    if not branch.endswith("$"):
+        return False
+    backslashes = len(branch[:-1]) - len(branch[:-1].rstrip("\\"))
+    return backslashes % 2 == 0  # "\$" is a literal dollar
+
+
+_NEEDS_ESCAPE = [ord('"'), ord("\\")] + list(range(0x20))
+
+
+def _json_safe(expr: Expr) -> Expr:
+    """Drop the characters that would need escaping in a JSON string (stricter, documented)."""
+    if isinstance(expr, CharClass):
+        return _class_minus(expr, _NEEDS_ESCAPE) if expr.ranges else NEVER
+    if isinstance(expr, Bytes):
+        return NEVER if any(b < 0x20 or b in b'"\\' for b in expr.value) else expr
+    if isinstance(expr, Seq):
+        return _seq(*map(_json_safe, expr.items))
+    if isinstance(expr, Alt):
+        return _alt(*map(_json_safe, expr.items))
+    if isinstance(expr, Repeat):
+        return _repeat(_json_safe(expr.item), expr.min, expr.max)
+    return expr
+
+
+# ------------------------------------------------------------------ does a literal match a piece?
+class _PendingRule(Exception):
+    """matches() reached a $ref rule that is still being built."""
+
+
+def matches(rules: dict, expr: Expr, text: str) -> bool:
+    """Whole-string match of `text` against an expression of this grammar, by the set of
+    end positions each piece can reach (exact; fine for the short literals of enums). `rules`
+    gives the bodies of the rules a Ref names (None: still being built)."""
+    memo: dict = {}
+
+    def ends(e: Expr, i: int) -> frozenset:
+        key = (id(e), i)
+        if key in memo:
+            return memo[key] or frozenset()
+        memo[key] = None  # in progress; our grammars have no left recursion
+        if isinstance(e, Bytes):
+            s = e.value.decode()
+            out = frozenset([i + len(s)]) if text.startswith(s, i) else frozenset()
+        elif isinstance(e, CharClass):
+            ok = i < len(text) and any(lo <= ord(text[i]) <= hi for lo, hi in e.ranges)
+            out = frozenset([i + 1]) if ok else frozenset()
+        elif isinstance(e, Ref):
+            body = rules.get(e.name)
+            if body is None:
+                raise _PendingRule(e.name)
+            out = ends(body, i)
+        elif isinstance(e, Seq):
+            at = frozenset([i])
+            for item in e.items:
+                at = frozenset(j for p in at for j in ends(item, p))
+            out = at
+        elif isinstance(e, Alt):
+            out = frozenset(j for item in e.items for j in ends(item, i))
+        else:
+            out = _repeat_ends(e, i, ends)
+        memo[key] = out
+        return out
+
+    return len(text) in ends(expr, 0)
+
+
+def _repeat_ends(e: Repeat, i: int, ends) -> frozenset:
+    at = {i}
+    for _ in range(e.min):
+        at = {j for p in at for j in ends(e.item, p)}
+    reached, frontier, count = set(at), set(at), e.min
+    while frontier and (e.max is None or count < e.max):
+        # a position reached again later has no more budget left than before: skip it
+        frontier = {j for p in frontier for j in ends(e.item, p)} - reached
+        reached |= frontier
+        count += 1
+    return frozenset(reached)
+
+
+# ------------------------------------------------------------------ the shared helper rules
+def _formats():
+    """RFC 3339 dates and times (as Python's validators read them), uuid, dotted-quad ipv4."""
+    d = DIGIT
+    year = alt(_seq(NONZERO, repeat(d, 3, 3)), _seq(lit("0"), NONZERO, d, d),
+               _seq(lit("00"), NONZERO, d), _seq(lit("000"), NONZERO))  # 0001-9999
+    div4 = alt(_seq(lit("0"), chars("48")), _seq(chars("2468"), chars("048")), _seq(chars("13579"), chars("26")))
+    leap_year = alt(_seq(d, d, div4), _seq(div4, lit("00")))  # 1600 2000 2024, not 1900 or 0000
+    day28 = alt(_seq(lit("0"), NONZERO), _seq(lit("1"), d), _seq(lit("2"), chars("0-8")))
+    date = alt(_seq(year, lit("-"), alt(
+        _seq(alt(_seq(lit("0"), chars("13578")), _seq(lit("1"), chars("02"))), lit("-"), alt(day28, lit("29"), lit("30"), lit("31"))),
+        _seq(alt(_seq(lit("0"), chars("469")), lit("11")), lit("-"), alt(day28, lit("29"), lit("30"))),
+        _seq(lit("02-"), day28))),
+        _seq(leap_year, lit("-02-29")))
+    hour, minute = alt(_seq(chars("01"), d), _seq(lit("2"), chars("0-3"))), _seq(chars("0-5"), d)
+    time = _seq(hour, lit(":"), minute, lit(":"), minute, opt(_seq(lit("."), plus(d))),
+                alt(chars("Zz"), _seq(chars("+-"), hour, lit(":"), minute)))
+    octet = alt(_seq(lit("25"), chars("0-5")), _seq(lit("2"), chars("0-4"), d), _seq(lit("1"), d, d),
+                _seq(NONZERO, d), d)
+    hexes = [repeat(HEX, n, n) for n in (8, 4, 4, 4, 12)]
+    uuid = _seq(hexes[0], lit("-"), hexes[1], lit("-"), hexes[2], lit("-"), hexes[3], lit("-"), hexes[4])
+    return {"format_date": lambda c: date, "format_time": lambda c: time,
+            "format_date_time": lambda c: _seq(c.helper("format_date"), chars("Tt"), c.helper("format_time")),
+            "format_uuid": lambda c: uuid,
+            "format_ipv4": lambda c: _seq(*[x for _ in range(3) for x in (octet, lit("."))], octet)}
+
+
+# The shared rules by name, built once each by the converter `c` (c.helper(name) refers to one).
+_HELPERS = {
+    "value": lambda c: alt(c.helper("object"), c.helper("array"), c.helper("string"), c.helper("number"),
+                           lit("true"), lit("false"), lit("null")),
+    "object": lambda c: _seq(lit("{"), opt(_seq(c.helper("member"), star(_seq(lit(", "), c.helper("member"))))),
+                             lit("}")),
+    "member": lambda c: _seq(c.helper("string"), lit(": "), c.helper("value")),
+    "array": lambda c: _seq(lit("["), opt(_seq(c.helper("value"), star(_seq(lit(", "), c.helper("value"))))),
+                            lit("]")),
+    "string": lambda c: _seq(lit('"'), star(c.helper("char")), lit('"')),
+    "char": lambda c: alt(PLAIN, _seq(lit("\\"), c.helper("escape"))),
+    "escape": lambda c: alt(SIMPLE_ESCAPES, _seq(lit("u"), repeat(HEX, 4, 4))),
+    # for counting characters: a \u escape of half a surrogate pair is not a whole one
+    "one_char": lambda c: alt(PLAIN, _seq(lit("\\"), alt(SIMPLE_ESCAPES, _seq(lit("u"), _hex_excluding(
+        list(range(0xD800, 0xE000)), 0, 4))))),
+    "number": lambda c: _seq(opt(lit("-")), alt(lit("0"), _seq(NONZERO, star(DIGIT))),
+                             opt(_seq(lit("."), plus(DIGIT))), opt(_seq(chars("eE"), opt(chars("+-")), plus(DIGIT)))),
+    "integer": lambda c: alt(lit("0"), _seq(opt(lit("-")), NONZERO, star(DIGIT))),
+    **_formats(),
+}

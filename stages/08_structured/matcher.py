@@ -1,0 +1,211 @@
+"""The matcher: the object a decode loop talks to, one per request.
+
+    compiled = compile_grammar(grammar, tokenizer_info)      # once per grammar
+    matcher = GrammarMatcher(compiled)                        # once per request
+    loop:
+        matcher.fill_next_token_bitmask(bitmask)              # which tokens keep it valid
+        apply_token_bitmask(logits, bitmask)                  # the rest get -inf
+        token = sample(logits); matcher.accept_token(token)
+    matcher.rollback(n)                                       # e.g. after rejected speculation
+
+The run-time mask is the union, over the stacks alive in the current state, of each top
+position's precomputed accepted set, plus those of its uncertain tokens that survive a walk
+from the real state. The bitmask layout is xgrammar's: int32 words, bit j of word w is token
+32*w + j, so masks can be compared with it directly.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .automaton import Automaton, compile_automaton
+from .grammar import Grammar
+from .mask_cache import PositionMask, VocabMatrix, classify_position
+from .pda import DEAD, END, PDA
+from .vocab import TokenizerInfo
+
+_VOCABS: dict[int, VocabMatrix] = {}
+
+
+def vocab_matrix(info: TokenizerInfo) -> VocabMatrix:
+    if id(info) not in _VOCABS:
+        _VOCABS[id(info)] = VocabMatrix(info)
+    return _VOCABS[id(info)]
+
+
+@dataclass
+class CompiledGrammar:
+    grammar: Grammar
+    info: TokenizerInfo
+    automaton: Automaton
+    pda: PDA
+    vocab: VocabMatrix
+    masks: dict[int, PositionMask] = field(default_factory=dict)
+    compile_seconds: float = 0.0
+
+    def position_mask(self, pos: int) -> PositionMask:
+        m = self.masks.get(pos)
+        if m is None:
+            m = self.masks[pos] = classify_position(self.pda, pos, self.vocab)
+        return m
+
+
+def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True,
+                    inline: bool = True) -> CompiledGrammar:
+    """Build the automaton and (by default) every position's context-independent mask now,
+    before any request needs them; precompute=False fills them lazily on first use.
+    inline=False keeps every rule separate (to see what inlining buys)."""
+    t0 = time.perf_counter()
+    auto = compile_automaton(grammar, inline=inline)
+    compiled = CompiledGrammar(grammar, info, auto, PDA(auto), vocab_matrix(info))
+    if precompute:
+        for pos in range(auto.num_positions):
+            if auto.scannable[pos]:
+                compiled.position_mask(pos)
+    compiled.compile_seconds = time.perf_counter() - t0
+    return compiled
+
+
+class GrammarMatcher:
+    def __init__(self, compiled: CompiledGrammar):
+        self.compiled = compiled
+        self.pda = compiled.pda
+        self.reset()
+
+    def reset(self) -> None:
+        self._history = [self.pda.start_state()]     # state after each accepted token
+        self._terminated = False
+
+    @property
+    def state(self) -> int:
+        return self._history[-1]
+
+    # -- masks
+    def next_token_mask(self) -> np.ndarray:
+        """bool [vocab]: the tokens that keep the output a prefix of the grammar's language."""
+        mask, candidates = self.cached_part()
+        self.check_uncertain(mask, candidates)
+        return mask
+
+    def cached_part(self) -> tuple[np.ndarray, np.ndarray]:
+        """Step 1: the union of the precomputed accepted sets of every stack top alive now,
+        the stop tokens if the grammar may end here, and the uncertain tokens still to check."""
+        c, pda = self.compiled, self.pda
+        mask = np.zeros(c.info.vocab_size, dtype=bool)
+        if self._terminated:
+            return mask, np.zeros(0, dtype=np.int32)
+        members = pda.states[self.state]
+        uncertain = []
+        for pos in {pda.nodes[n][0] for n in members if n >= 0}:
+            entry = c.position_mask(pos)
+            entry.add_to(mask)
+            if entry.uncertain.size:
+                uncertain.append(entry.uncertain)
+        if END in members:
+            mask[list(c.info.stop_ids)] = True
+        if not uncertain:
+            return mask, np.zeros(0, dtype=np.int32)
+        candidates = np.unique(np.concatenate(uncertain))
+        return mask, candidates[~mask[candidates]]
+
+    def check_uncertain(self, mask: np.ndarray, candidates: np.ndarray) -> None:
+        """Step 2: walk each uncertain token from the real state (all its stacks at once)."""
+        token_bytes, walk, state = self.compiled.info.token_bytes, self.pda.walk, self.state
+        for t in candidates.tolist():
+            if walk(state, token_bytes[t]) != DEAD:
+                mask[t] = True
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> torch.Tensor:
+        """Write the mask into row `index` of an int32 bitmask from allocate_token_bitmask()."""
+        packed = pack_mask(self.next_token_mask(), bitmask.shape[-1])
+        if bitmask.device.type == "cpu":
+            bitmask[index].numpy()[:] = packed      # write in place, no tensor round trip
+        else:
+            bitmask[index] = torch.from_numpy(packed)
+        return bitmask
+
+    # -- advancing and going back
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (and no change) if the grammar forbids it."""
+        if self._terminated:
+            return False
+        info = self.compiled.info
+        if token_id in info.stop_ids:
+            if not self.can_terminate():
+                return False
+            self._history.append(self.state)
+            self._terminated = True
+            return True
+        if token_id in info.special_ids or not 0 <= token_id < info.vocab_size or not info.token_bytes[token_id]:
+            return False
+        nxt = self.pda.walk(self.state, info.token_bytes[token_id])
+        if nxt == DEAD:
+            return False
+        self._history.append(nxt)
+        return True
+
+    def accept_string(self, text: str | bytes) -> bool:
+        """Advance by raw text (counts as one step for rollback)."""
+        nxt = self.pda.walk(self.state, text.encode() if isinstance(text, str) else text)
+        if self._terminated or nxt == DEAD:
+            return False
+        self._history.append(nxt)
+        return True
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens < len(self._history):
+            raise ValueError(f"cannot roll back {num_tokens} tokens: only {len(self._history) - 1} accepted")
+        if num_tokens:
+            del self._history[-num_tokens:]
+            self._terminated = False   # a stop token is always the last one accepted
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._history) - 1
+
+    def can_terminate(self) -> bool:
+        """The output so far is a complete sentence of the grammar (EOS is allowed now)."""
+        return not self._terminated and END in self.pda.states[self.state]
+
+    def is_terminated(self) -> bool:
+        """A stop token has been accepted: nothing more may follow."""
+        return self._terminated
+
+
+# ---------------------------------------------------------------- bitmasks
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_token_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
+    return torch.full((batch_size, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def pack_mask(mask: np.ndarray, words: int | None = None) -> np.ndarray:
+    """bool [vocab] -> int32 [words], bit j of word w = token 32*w + j."""
+    words = words or bitmask_words(mask.size)
+    packed = np.packbits(mask, bitorder="little")        # bit i of byte k = token 8k + i
+    if packed.size != words * 4:
+        packed = np.concatenate([packed, np.zeros(words * 4 - packed.size, dtype=np.uint8)])
+    return packed.view("<i4")
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """int32 [..., words] -> bool [..., vocab_size]."""
+    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    return bits.flatten(-2)[..., :vocab_size].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Set the logits of forbidden tokens to -inf, in place; logits [vocab] or [batch, vocab].
+    Ids beyond the bitmask (a padded lm_head) are forbidden too."""
+    vocab = logits.shape[-1]
+    allowed = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    n = min(vocab, bitmask.shape[-1] * 32)
+    bits = unpack_bitmask(bitmask.to(logits.device), n)
+    allowed[..., :n] = bits if logits.dim() == bits.dim() else bits.reshape(allowed[..., :n].shape)
+    return logits.masked_fill_(~allowed, float("-inf"))

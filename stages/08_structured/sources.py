@@ -1,0 +1,43 @@
+"""Where a grammar comes from: `--json-schema FILE | --regex R | --grammar FILE` -> Grammar."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .grammar import Grammar, GrammarError
+
+
+def grammar_from_json_schema(source: str | Path, strict: bool = True) -> Grammar:
+    """A schema file, or the schema itself as JSON text."""
+    from .json_schema import json_schema_to_grammar
+
+    text = str(source)
+    if not text.lstrip().startswith(("{", "[", "true", "false")):
+        text = _read(source, "JSON schema")
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
+    return json_schema_to_grammar(schema, strict=strict)
+
+
+def grammar_from_regex(pattern: str) -> Grammar:
+    from .regex_parser import regex_to_grammar
+
+    return regex_to_grammar(pattern)
+
+
+def grammar_from_ebnf_file(path: str | Path) -> Grammar:
+    from .ebnf import parse_ebnf
+
+    return parse_ebnf(_read(path, "grammar"))
+
+
+def _read(path: str | Path, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise GrammarError(f"{what} file not found: {p}")
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise GrammarError(f"cannot read {what} file {p}: {e}") from None

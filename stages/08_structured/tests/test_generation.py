@@ -1,0 +1,112 @@
+"""Generation under a grammar: real-model outputs always parse and validate; a grammar that
+allows everything changes nothing; the CLI follows the stage contract."""
+import json
+import re
+
+import jsonschema
+import pytest
+
+from course.s01_decode_loop.generate import encode_prompt, run_to_end
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s02_kv_cache.generate import stream_cached
+from course.s08_structured.cli import main
+from course.s08_structured.generate import ConstrainedGenerator
+from course.s08_structured.grammar import CharClass, Grammar, star
+from course.s08_structured.matcher import compile_grammar
+from course.s08_structured.pda import accepts
+from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
+from course.s08_structured.testing import EXAMPLE_REGEXES, EXAMPLE_SCHEMAS
+from course.s08_structured.vocab import TokenizerInfo
+
+PROMPTS = {"person": "Describe a fictional person as JSON.", "order": "Write an online shop order as JSON.",
+           "event": "Describe a team meeting as JSON."}
+# Not "tree": a recursive schema has no depth bound, and the model may nest until max_new_tokens
+# runs out ("length"), which is a valid prefix but not a complete value.
+SAMPLING = [dict(temperature=0.0), dict(temperature=1.0, seed=1), dict(temperature=1.0, seed=2)]
+
+
+def compile_for(loaded, grammar):
+    info = TokenizerInfo.from_huggingface(loaded.tokenizer, loaded.config.vocab_size, stop_ids=loaded.eos_token_ids)
+    return compile_grammar(grammar, info)
+
+
+def generate(loaded, compiled, prompt, **params):
+    """One request; the compiled grammar is shared between requests, as an engine caches it."""
+    ids = encode_prompt(loaded.tokenizer, prompt, chat=True)
+    return run_to_end(ConstrainedGenerator(compiled), loaded.model, loaded.tokenizer, ids,
+                      SamplingParams(max_new_tokens=160, **params), loaded.eos_token_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(PROMPTS))
+def test_real_model_json_always_validates(name, smollm2):
+    schema = EXAMPLE_SCHEMAS[name]
+    compiled = compile_for(smollm2, grammar_from_json_schema(json.dumps(schema)))
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    for params in SAMPLING:
+        out = generate(smollm2, compiled, PROMPTS[name], **params)
+        assert out.finish_reason == "stop", (params, out.text)
+        validator.validate(json.loads(out.text))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["phone", "email", "date"])
+def test_real_model_regex_outputs_match(name, smollm2):
+    compiled = compile_for(smollm2, grammar_from_regex(EXAMPLE_REGEXES[name]))
+    for params in SAMPLING:
+        out = generate(smollm2, compiled, f"Give me an example {name}.", **params)
+        assert out.finish_reason == "stop" and re.fullmatch(EXAMPLE_REGEXES[name], out.text), out.text
+
+
+@pytest.mark.slow
+def test_a_grammar_that_allows_everything_changes_nothing(smollm2):
+    anything = Grammar({"root": star(CharClass.of([(0, 0x10FFFF)]))})
+    prompt = "Give me three tips for staying healthy."
+    ids = encode_prompt(smollm2.tokenizer, prompt, chat=True)
+    params = SamplingParams(max_new_tokens=48, temperature=0.0)
+    free = run_to_end(stream_cached, smollm2.model, smollm2.tokenizer, ids, params, smollm2.eos_token_ids)
+    constrained = run_to_end(ConstrainedGenerator(compile_for(smollm2, anything)), smollm2.model,
+                             smollm2.tokenizer, ids, params, smollm2.eos_token_ids)
+    assert constrained.token_ids == free.token_ids and len(free.token_ids) == 48
+
+
+def test_cli_output_matches_the_regex(tiny_folder, capsys):
+    for seed in (0, 1):
+        assert main(["--model", str(tiny_folder), "--regex", "[0-9]{3}-[a-c]+", "--prompt", "hi",
+                     "--temperature", "1", "--seed", str(seed), "--max-new-tokens", "20", "--json"]) == 0
+        row = json.loads(capsys.readouterr().out)
+        assert re.fullmatch("[0-9]{3}-[a-c]+", row["text"]) or row["finish_reason"] == "length"
+        assert accepts(grammar_from_regex("[0-9]{3}-[a-c]+"), row["text"])
+        assert row["stats"]["mask_steps"] == row["num_generated_tokens"]
+
+
+def test_cli_json_schema_file_and_grammar_file(tiny_folder, tmp_path, capsys):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
+    assert main(["--model", str(tiny_folder), "--json-schema", str(schema), "--prompt", "x", "--json",
+                 "--max-new-tokens", "30"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert json.loads(row["text"]) in ({"ok": True}, {"ok": False}) and row["finish_reason"] == "stop"
+    ebnf = tmp_path / "g.ebnf"
+    ebnf.write_text('root ::= "a" [xy]{2} "!"\n')
+    assert main(["--model", str(tiny_folder), "--grammar", str(ebnf), "--prompt", "x", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert re.fullmatch("a[xy]{2}!", row["text"]) and row["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--regex", "(ab"], "regex"),
+    (["--json-schema", "/no/such/schema.json"], "not found"),
+    (["--json-schema", '{"type": "object", "uniqueItems": true, "x": '], "not valid JSON"),
+    (["--json-schema", '{"type": "array", "uniqueItems": true}'], "uniqueItems"),
+])
+def test_cli_refuses_bad_grammars_before_loading_the_model(args, message, capsys):
+    assert main(args + ["--model", "/no/such/model", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err
+
+
+def test_cli_needs_exactly_one_grammar(tiny_folder, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--model", str(tiny_folder), "--prompt", "x"])
+    assert e.value.code == 2 and "one of the arguments" in capsys.readouterr().err
