@@ -27,13 +27,12 @@ from .mask_cache import PositionMask, VocabMatrix, classify_position
 from .pda import DEAD, END, PDA
 from .vocab import TokenizerInfo
 
-_VOCABS: dict[int, VocabMatrix] = {}
-
-
 def vocab_matrix(info: TokenizerInfo) -> VocabMatrix:
-    if id(info) not in _VOCABS:
-        _VOCABS[id(info)] = VocabMatrix(info)
-    return _VOCABS[id(info)]
+    """The vocabulary as a byte matrix, built once per TokenizerInfo and kept on it."""
+    matrix = getattr(info, "_matrix", None)
+    if matrix is None:
+        matrix = info._matrix = VocabMatrix(info)
+    return matrix
 
 
 @dataclass

@@ -47,7 +47,8 @@ class TokenizerInfo:
         tokens; the extra ids get no bytes and are never allowed)."""
         vocab = tokenizer.get_vocab()
         size = max(vocab_size or 0, max(vocab.values()) + 1)
-        decoder = json.loads(tokenizer.backend_tokenizer.to_str()).get("decoder") or {}
+        backend = getattr(tokenizer, "backend_tokenizer", None)   # slow tokenizers have none
+        decoder = (json.loads(backend.to_str()).get("decoder") or {}) if backend is not None else {}
         byte_level = decoder.get("type") == "ByteLevel" or "ByteLevel" in json.dumps(decoder)
         special = {i for i in tokenizer.all_special_ids}
         special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
