@@ -17,6 +17,27 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False   # vLLM's: usage so far on every chunk (guidellm asks for it)
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict | bool = Field(True, alias="schema")   # `schema` would shadow a pydantic method
+    strict: bool | None = None   # we always hold the output to the schema
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's structured outputs: plain text, any JSON object, or JSON valid for a schema."""
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type 'json_schema', and only with it")
+        return self
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
@@ -34,6 +55,7 @@ class _Common(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     ignore_eos: bool = False  # vLLM's extension: benchmarks use it to get exact output lengths
     user: str | None = None
+    response_format: ResponseFormat | None = None  # also on completions, as vLLM allows
 
     def num_logprobs(self) -> int | None:
         """None: no logprobs; k: the chosen token's and the k most likely."""

@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server over the engine thread (FastAPI + SSE).
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics (Prometheus).
+GET /metrics (Prometheus). `response_format` (json_object / json_schema) holds every choice to
+the schema with stage 08's token masks (structured.py).
 Errors come in OpenAI's shape {"error": {"message", "type", "code"}} with the right status:
 400 for bad or unsupported input (including a prompt too long for the context), 429 when the
 queue is full, 500 only for an engine failure, and that for the one request alone.
@@ -23,6 +24,7 @@ from course.s04_continuous_batching.engine import QueueFullError
 
 from .async_engine import AsyncEngine, EngineDeadError
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
+from .structured import GrammarCache
 
 
 def error_body(status: int, message: str, kind: str) -> dict:
@@ -36,6 +38,7 @@ def error(status: int, message: str, kind: str = "invalid_request_error") -> JSO
 def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
     app = FastAPI(title="course.final")
     max_len = engine.engine.max_model_len
+    grammars = GrammarCache(tokenizer, engine.engine.model.config.vocab_size, engine.engine.eos_token_ids)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_, exc: RequestValidationError):
@@ -75,8 +78,15 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str) -> FastAPI:
                               "completion). Please reduce the prompt or max_tokens.")
         try:
             params = body.sampling_params(max_tokens)
-        except ValueError as e:
+            processors = await grammars.processors(body.response_format, len(params))
+        except ValueError as e:   # bad sampling values; a malformed or unsupported schema
             return error(400, str(e))
+        if processors:
+            if body.ignore_eos:
+                return error(400, "ignore_eos cannot be combined with response_format: once the JSON "
+                                  "is complete only the end of the output may follow")
+            for p, processor in zip(params, processors):
+                p.logits_processors = [processor]
         stream = engine.generate_many(ids, params)
         try:
             first = await anext(stream)  # admission errors surface here, before any byte is sent

@@ -38,6 +38,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k >= 0: the chosen token's logprob and the k most likely
+    # Callables (output_ids, logits [vocab]) -> logits, applied before the chain below (vLLM's
+    # hook): a grammar's token mask (stage 08) plugs in here, whatever loop produced the logits.
+    logits_processors: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, rule: str) -> None:
@@ -70,6 +73,9 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         check(self.logprobs is None or (is_int(self.logprobs) and self.logprobs >= 0), "logprobs",
               "None or an integer >= 0")
+        check(isinstance(self.logits_processors, (list, tuple)) and all(map(callable, self.logits_processors)),
+              "logits_processors", "a list of callables (output_ids, logits) -> logits")
+        self.logits_processors = list(self.logits_processors)
 
     @property
     def greedy(self) -> bool:

@@ -74,8 +74,11 @@ class Sequence:
 
     def sample_and_append(self, logits: torch.Tensor) -> TokenEvent:
         """Sample the next token from `logits` [vocab], record it, and attach its logprobs when
-        the request asked for them."""
-        token_id = self.sample(logits)
+        the request asked for them. Logits processors act first; logprobs stay the raw model's."""
+        processed = logits
+        for processor in self.params.logits_processors:
+            processed = processor(self.output_ids, processed)
+        token_id = self.sample(processed)
         event = self.append(token_id)
         if self.params.logprobs is not None:
             event.logprob, event.top_logprobs = token_logprobs(logits, token_id, self.params.logprobs)

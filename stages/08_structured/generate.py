@@ -9,6 +9,9 @@ Everything else (the KV cache, the sampler, stop handling) is the earlier stages
 mask is applied before temperature, top-k/top-p and penalties, so sampling renormalises over
 the allowed tokens: at temperature 1 the output is a sample from the model's distribution
 conditioned on staying inside the grammar, one token at a time.
+
+`GrammarLogitsProcessor` is the same two lines packaged for engines that own their loop: it
+rides along in SamplingParams and is called with each request's logits before sampling.
 """
 from __future__ import annotations
 
@@ -60,3 +63,24 @@ class ConstrainedGenerator:
         return {"grammar_compile_s": round(self.compiled.compile_seconds, 4), "mask_steps": len(ms),
                 "mask_ms_median": float(np.median(ms)) if ms.size else None,
                 "mask_ms_p99": float(np.percentile(ms, 99)) if ms.size else None}
+
+
+class GrammarLogitsProcessor:
+    """The same mask as a logits processor (`SamplingParams.logits_processors`), so any loop
+    that samples through stage 01's Sequence, stage 04's batched engine and the server
+    included, keeps a request inside its grammar. One per request: it holds that request's
+    matcher, catches up with the tokens appended since its last call, then masks."""
+
+    def __init__(self, compiled: CompiledGrammar):
+        self.matcher = GrammarMatcher(compiled)
+        self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
+
+    def __call__(self, output_ids: list[int], logits):
+        m = self.matcher
+        if len(output_ids) < m.num_accepted:          # the caller dropped tokens (speculation)
+            m.rollback(m.num_accepted - len(output_ids))
+        for t in output_ids[m.num_accepted:]:
+            if not m.accept_token(t):
+                raise ValueError(f"token {t} was appended although the grammar forbids it")
+        m.fill_next_token_bitmask(self.bitmask)
+        return apply_token_bitmask(logits.clone(), self.bitmask[0])

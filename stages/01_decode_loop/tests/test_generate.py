@@ -58,3 +58,25 @@ def test_loop_seeded_sampling_is_reproducible(model, byte_tok):
     c = run(model, byte_tok, max_new_tokens=16, temperature=1.0, seed=124, ignore_eos=True)
     assert a.token_ids == b.token_ids
     assert a.token_ids != c.token_ids
+
+
+def test_logits_processors_shape_the_choice_and_see_the_output_so_far(byte_tok):
+    model = tiny_model("mha_untied", seed=0)
+    free = run(model, byte_tok, max_new_tokens=8, temperature=0, ignore_eos=True, logprobs=0)
+    banned = free.token_ids[0]
+    seen = []
+
+    def ban(output_ids, logits):
+        seen.append(list(output_ids))
+        logits = logits.clone()
+        logits[banned] = float("-inf")
+        return logits
+
+    out = run(model, byte_tok, max_new_tokens=8, temperature=0, ignore_eos=True, logits_processors=[ban])
+    assert banned not in out.token_ids and out.token_ids != free.token_ids
+    assert seen == [out.token_ids[:i] for i in range(8)]   # called once per step, with the ids so far
+
+
+def test_logits_processors_must_be_callables():
+    with pytest.raises(ValueError, match="logits_processors"):
+        SamplingParams(logits_processors=[1])

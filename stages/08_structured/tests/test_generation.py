@@ -110,3 +110,29 @@ def test_cli_needs_exactly_one_grammar(tiny_folder, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--model", str(tiny_folder), "--prompt", "x"])
     assert e.value.code == 2 and "one of the arguments" in capsys.readouterr().err
+
+
+def test_the_logits_processor_equals_the_constrained_loop(byte_tok):
+    """The processor in stage 02's plain loop and in stage 04's batched engine gives, request by
+    request, the same tokens as ConstrainedGenerator (greedy and seeded sampling)."""
+    from course.s01_decode_loop.testing import tiny_model
+    from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+    from course.s08_structured.generate import GrammarLogitsProcessor
+
+    model = tiny_model("mha_untied")
+    compiled = compile_grammar(grammar_from_regex(r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]"),
+                               TokenizerInfo.from_huggingface(byte_tok, stop_ids=[byte_tok.eos_token_id]))
+    prompts = [byte_tok(p).input_ids for p in ("list: ", "Another prompt, longer than the first one: ", "x")]
+    settings = [dict(temperature=0.0), dict(temperature=1.0, seed=3), dict(temperature=0.8, top_k=20, seed=4)]
+    eos = [byte_tok.eos_token_id]
+    expected = [run_to_end(ConstrainedGenerator(compiled), model, byte_tok, ids, SamplingParams(max_new_tokens=24, **s),
+                           eos).token_ids for ids, s in zip(prompts, settings)]
+    with_processor = lambda s: SamplingParams(max_new_tokens=24, logits_processors=[GrammarLogitsProcessor(compiled)], **s)  # noqa: E731
+    plain = [run_to_end(stream_cached, model, byte_tok, ids, with_processor(s), eos).token_ids
+             for ids, s in zip(prompts, settings)]
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=4), eos)
+    batched = [o.token_ids for o in engine.generate(prompts, [with_processor(s) for s in settings])]
+    assert plain == expected and batched == expected
+    for ids in expected:
+        text = byte_tok.decode(ids, skip_special_tokens=True)
+        assert ids[-1] == eos[0] and re.fullmatch(r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]", text), text

@@ -1,0 +1,72 @@
+"""`response_format` through the official openai client: every choice, streamed or not, is JSON
+valid for the schema (stage 08's masks inside stage 04's batched engine); bad schemas get 400."""
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from course.final.testing import live_server, tiny_engine
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 99},
+                                           "tag": {"enum": ["a", "b", "c"]}},
+          "required": ["ok", "n", "tag"]}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def server(byte_tok):
+    with live_server(tiny_engine(byte_tok), byte_tok) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0)
+
+
+def test_structured_chat_choices_validate(client):
+    out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=3,
+                                         temperature=1.0, seed=0, max_tokens=60, response_format=FORMAT)
+    assert len(out.choices) == 3
+    for choice in out.choices:
+        assert choice.finish_reason == "stop"
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_structured_stream_validates_and_equals_the_whole(client):
+    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "go"}], temperature=0.0, max_tokens=60,
+                  response_format=FORMAT)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
+                       if c.choices)
+    assert streamed == whole
+    jsonschema.validate(json.loads(whole), SCHEMA)
+
+
+def test_structured_completion_route_too(server):
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 60, "temperature": 0,
+                                                     "response_format": FORMAT}, timeout=60)
+    assert r.status_code == 200
+    jsonschema.validate(json.loads(r.json()["choices"][0]["text"]), SCHEMA)
+
+
+@pytest.mark.parametrize("response_format,message", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}},
+     "uniqueItems"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}, "frobnicate"),
+    ({"type": "json_schema"}, "json_schema is required"),
+    ({"type": "xml"}, "type"),
+])
+def test_bad_response_formats_get_400(server, response_format, message):
+    r = httpx.post(server + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                          "max_tokens": 5, "response_format": response_format})
+    assert r.status_code == 400 and message in r.json()["error"]["message"], r.text
+
+
+def test_ignore_eos_with_a_schema_is_refused(server):
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True,
+                                                     "response_format": FORMAT})
+    assert r.status_code == 400 and "ignore_eos" in r.json()["error"]["message"]
