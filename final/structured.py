@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections import OrderedDict
 
 from course.s08_structured.generate import GrammarLogitsProcessor
@@ -21,19 +22,23 @@ class GrammarCache:
         self.capacity = capacity
         self._info: TokenizerInfo | None = None
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()   # compiles run in worker threads, several at once
 
     def compile(self, schema) -> CompiledGrammar:
         """Compile (or fetch) a schema; GrammarError (a ValueError) if it is malformed or unsupported."""
         key = json.dumps(schema, sort_keys=True)
-        if key in self._compiled:
-            self._compiled.move_to_end(key)
-            return self._compiled[key]
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+            if self._info is None:
+                self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
         grammar = json_schema_to_grammar(schema)        # errors surface before the slow part
-        if self._info is None:
-            self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
-        compiled = self._compiled[key] = compile_grammar(grammar, self._info)
-        while len(self._compiled) > self.capacity:
-            self._compiled.popitem(last=False)
+        compiled = compile_grammar(grammar, self._info)  # outside the lock: other schemas go on
+        with self._lock:
+            self._compiled[key] = compiled
+            while len(self._compiled) > self.capacity:
+                self._compiled.popitem(last=False)
         return compiled
 
     async def processors(self, response_format, n: int) -> list[GrammarLogitsProcessor] | None:

@@ -33,7 +33,7 @@ from .matcher import GrammarMatcher, allocate_token_bitmask, compile_grammar, pa
 from .naive import naive_token_mask
 from .sources import grammar_from_json_schema, grammar_from_regex
 from .testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path, xgrammar_comparable,
-                      xgrammar_matcher)
+                      xgrammar_compile, xgrammar_compiler)
 from .vocab import TokenizerInfo
 
 
@@ -65,11 +65,8 @@ def bench_grammar(kind, name, src, tokenizer, info, paths: int, max_tokens: int,
                   inline: bool = True) -> dict:
     import xgrammar as xgr
 
-    xinfo = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=info.vocab_size)
-    x_compiler = xgr.GrammarCompiler(xinfo, cache_enabled=False)
-    x_compile = {"json_schema": lambda: x_compiler.compile_json_schema(json.dumps(src), any_whitespace=False),
-                 "regex": lambda: x_compiler.compile_regex(src), "ebnf": lambda: x_compiler.compile_grammar(src)}[kind]
-    _, x_compile_s = timed(x_compile)
+    x_compiler = xgrammar_compiler(tokenizer, info.vocab_size, cache_enabled=False)
+    x_compiled, x_compile_s = timed(lambda: xgrammar_compile(x_compiler, src, kind))
     grammar = build(kind, src)
     _, parse_s = timed(lambda: build(kind, src))
     walker = compile_grammar(grammar, info, inline=inline)    # draws the paths
@@ -80,7 +77,7 @@ def bench_grammar(kind, name, src, tokenizer, info, paths: int, max_tokens: int,
     ours, xg, naive, checked = [], [], [], []
     bitmask, x_bitmask = allocate_token_bitmask(1, info.vocab_size), xgr.allocate_token_bitmask(1, info.vocab_size)
     for path in token_paths:
-        m, xm = GrammarMatcher(compiled), xgrammar_matcher(tokenizer, src, kind, info.vocab_size)
+        m, xm = GrammarMatcher(compiled), xgr.GrammarMatcher(x_compiled)
         for step, t in enumerate(path):
             # Both fill the same int32 bitmask layout: that is the work a decode loop waits for.
             _, s = timed(lambda: m.fill_next_token_bitmask(bitmask))
@@ -129,9 +126,8 @@ def time_breakdown(compiled, token_paths) -> dict:
 
 def _uncertain_checked(matcher: GrammarMatcher) -> int:
     """How many uncertain tokens the last mask had to walk (before de-duplication)."""
-    pda, c = matcher.pda, matcher.compiled
-    tops = {pda.nodes[n][0] for n in pda.states[matcher.state] if n >= 0}
-    return sum(c.masks[p].uncertain.size for p in tops if p in c.masks)
+    masks = matcher.compiled.masks
+    return sum(masks[p].uncertain.size for p in matcher.stack_tops() if p in masks)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     add_args(early)
     known, _ = early.parse_known_args(argv)
     try:
-        grammar = load_grammar(known) if (known.json_schema or known.regex is not None or known.grammar) else None
+        # With no grammar flag, stage_main's parser below reports the missing one.
+        given = any(v is not None for v in (known.json_schema, known.regex, known.grammar))
+        grammar = load_grammar(known) if given else None
     except GrammarError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     def make_stream(loaded, args) -> ConstrainedGenerator:
         info = TokenizerInfo.from_huggingface(loaded.tokenizer, loaded.config.vocab_size,
                                               stop_ids=loaded.eos_token_ids)
-        return ConstrainedGenerator(compile_grammar(grammar or load_grammar(args), info))
+        return ConstrainedGenerator(compile_grammar(grammar, info))
 
     return stage_main(argv, description="Stage 08: generation constrained by a JSON schema, a regex or a grammar.",
                       make_stream=make_stream, add_args=add_args)

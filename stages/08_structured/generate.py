@@ -1,36 +1,63 @@
-"""Constrained decoding: stage 02's cached loop with one more line before sampling.
+"""Constrained decoding: any decode loop, with two more lines before sampling.
 
     logits = model(...)
     matcher.fill_next_token_bitmask(bitmask)   # new: which tokens keep the output valid
     apply_token_bitmask(logits, bitmask)       # new: the others can never be sampled
     token = sample(logits); matcher.accept_token(token)
 
-Everything else (the KV cache, the sampler, stop handling) is the earlier stages' code. The
-mask is applied before temperature, top-k/top-p and penalties, so sampling renormalises over
-the allowed tokens: at temperature 1 the output is a sample from the model's distribution
-conditioned on staying inside the grammar, one token at a time.
-
-`GrammarLogitsProcessor` is the same two lines packaged for engines that own their loop: it
-rides along in SamplingParams and is called with each request's logits before sampling.
+They live in `GrammarLogitsProcessor`, which rides along in SamplingParams (stage 01's
+`logits_processors` hook) and is called with each request's logits before sampling, so the
+loop itself is not touched: `ConstrainedGenerator` is stage 02's cached loop unchanged, and
+stage 04's batched engine takes the same processor. The mask is applied before temperature,
+top-k/top-p and penalties, so sampling renormalises over the allowed tokens: at temperature 1
+the output is a sample from the model's distribution conditioned on staying inside the
+grammar, one token at a time. Logprobs stay the model's raw ones, as the hook defines.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Iterator
 
 import numpy as np
+import torch
 
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
-from course.s02_kv_cache.generate import forward_step, reserve_cache
-from course.s02_kv_cache.kv_cache import ContiguousKVAttention
+from course.s02_kv_cache.generate import stream_cached
 
 from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask
 
 
+class GrammarLogitsProcessor:
+    """The mask as a logits processor (`SamplingParams.logits_processors`), so any loop that
+    samples through stage 01's Sequence, stage 04's batched engine and the server included,
+    keeps a request inside its grammar. One per request: it holds that request's matcher,
+    catches up with the tokens appended since its last call, then masks. If `timings` is
+    given, the time of every mask is appended to it."""
+
+    def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None):
+        self.matcher = GrammarMatcher(compiled)
+        self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
+        self.timings = timings
+
+    def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        m = self.matcher
+        if len(output_ids) < m.num_accepted:          # the caller dropped tokens (speculation)
+            m.rollback(m.num_accepted - len(output_ids))
+        for t in output_ids[m.num_accepted:]:
+            if not m.accept_token(t):
+                raise ValueError(f"token {t} was appended although the grammar forbids it")
+        t0 = time.perf_counter()
+        m.fill_next_token_bitmask(self.bitmask)
+        if self.timings is not None:
+            self.timings.append(time.perf_counter() - t0)
+        return apply_token_bitmask(logits.clone(), self.bitmask[0])
+
+
 class ConstrainedGenerator:
-    """A `stream_fn(model, seq)` for stage 01's CLI contract that keeps every output inside
-    one compiled grammar, and times the mask of every step."""
+    """A `stream_fn(model, seq)` for stage 01's CLI contract: stage 02's cached loop, with the
+    request's logits masked by a GrammarLogitsProcessor before every sample. Times each mask."""
 
     def __init__(self, compiled: CompiledGrammar, max_model_len: int | None = None):
         self.compiled = compiled
@@ -41,46 +68,14 @@ class ConstrainedGenerator:
         if seq.params.ignore_eos:
             raise ValueError("ignore_eos cannot be used with a grammar: once the output is complete "
                              "only a stop token is allowed")
-        matcher = GrammarMatcher(self.compiled)
-        bitmask = allocate_token_bitmask(1, self.compiled.info.vocab_size)
-        attn = ContiguousKVAttention(reserve_cache(model, seq, self.max_model_len))
-        logits = forward_step(model, attn, seq.prompt_ids)
-        while True:
-            t0 = time.perf_counter()
-            matcher.fill_next_token_bitmask(bitmask)
-            self.mask_seconds.append(time.perf_counter() - t0)
-            apply_token_bitmask(logits, bitmask[0])
-            event = seq.sample_and_append(logits)
-            if not matcher.accept_token(event.token_id):   # cannot happen: the mask forbade it
-                raise RuntimeError(f"sampled token {event.token_id} outside the grammar")
-            yield event
-            if seq.finished:
-                return
-            logits = forward_step(model, attn, [event.token_id])
+        processor = GrammarLogitsProcessor(self.compiled, self.mask_seconds)
+        # A copy of the request's params with the processor added: the caller's params object
+        # may be shared by other prompts (the CLI uses one for all), so it is left untouched.
+        seq.params = dataclasses.replace(seq.params, logits_processors=[*seq.params.logits_processors, processor])
+        return stream_cached(model, seq, self.max_model_len)
 
     def stats(self) -> dict:
         ms = np.array(self.mask_seconds) * 1e3
         return {"grammar_compile_s": round(self.compiled.compile_seconds, 4), "mask_steps": len(ms),
                 "mask_ms_median": float(np.median(ms)) if ms.size else None,
                 "mask_ms_p99": float(np.percentile(ms, 99)) if ms.size else None}
-
-
-class GrammarLogitsProcessor:
-    """The same mask as a logits processor (`SamplingParams.logits_processors`), so any loop
-    that samples through stage 01's Sequence, stage 04's batched engine and the server
-    included, keeps a request inside its grammar. One per request: it holds that request's
-    matcher, catches up with the tokens appended since its last call, then masks."""
-
-    def __init__(self, compiled: CompiledGrammar):
-        self.matcher = GrammarMatcher(compiled)
-        self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
-
-    def __call__(self, output_ids: list[int], logits):
-        m = self.matcher
-        if len(output_ids) < m.num_accepted:          # the caller dropped tokens (speculation)
-            m.rollback(m.num_accepted - len(output_ids))
-        for t in output_ids[m.num_accepted:]:
-            if not m.accept_token(t):
-                raise ValueError(f"token {t} was appended although the grammar forbids it")
-        m.fill_next_token_bitmask(self.bitmask)
-        return apply_token_bitmask(logits.clone(), self.bitmask[0])

@@ -98,7 +98,7 @@ class GrammarMatcher:
             return mask, np.zeros(0, dtype=np.int32)
         members = pda.states[self.state]
         uncertain = []
-        for pos in {pda.nodes[n][0] for n in members if n >= 0}:
+        for pos in self.stack_tops():
             entry = c.position_mask(pos)
             entry.add_to(mask)
             if entry.uncertain.size:
@@ -109,6 +109,11 @@ class GrammarMatcher:
             return mask, np.zeros(0, dtype=np.int32)
         candidates = np.unique(np.concatenate(uncertain))
         return mask, candidates[~mask[candidates]]
+
+    def stack_tops(self) -> set[int]:
+        """The positions on top of the stacks alive now (each has a cached mask)."""
+        pda = self.pda
+        return {pda.nodes[n][0] for n in pda.states[self.state] if n >= 0}
 
     def check_uncertain(self, mask: np.ndarray, candidates: np.ndarray) -> None:
         """Step 2: walk each uncertain token from the real state (all its stacks at once)."""

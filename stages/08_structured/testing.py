@@ -99,22 +99,24 @@ def random_valid_path(matcher: GrammarMatcher, rng: random.Random, max_tokens: i
     return ids
 
 
-def xgrammar_matcher(tokenizer, grammar: str | dict, kind: str, vocab_size: int):
-    """The same grammar compiled by xgrammar (PyPI), our outside reference. kind: 'ebnf' (text),
-    'regex' or 'json_schema' (xgrammar's own converter, compact separators, strict mode)."""
-    import json
-
+def xgrammar_compiler(tokenizer, vocab_size: int, cache_enabled: bool = True):
+    """xgrammar (PyPI), our outside reference, on the same tokenizer."""
     import xgrammar as xgr
 
-    info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-    compiler = xgr.GrammarCompiler(info)
+    return xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size),
+                               cache_enabled=cache_enabled)
+
+
+def xgrammar_compile(compiler, grammar: str | dict, kind: str):
+    """The same grammar compiled by xgrammar. kind: 'ebnf' (text), 'regex' or 'json_schema'
+    (xgrammar's own converter, compact separators, strict mode)."""
+    import json
+
     if kind == "ebnf":
-        compiled = compiler.compile_grammar(grammar)
-    elif kind == "regex":
-        compiled = compiler.compile_regex(grammar)
-    else:
-        compiled = compiler.compile_json_schema(json.dumps(grammar), any_whitespace=False, strict_mode=True)
-    return xgr.GrammarMatcher(compiled)
+        return compiler.compile_grammar(grammar)
+    if kind == "regex":
+        return compiler.compile_regex(grammar)
+    return compiler.compile_json_schema(json.dumps(grammar), any_whitespace=False, strict_mode=True)
 
 
 def xgrammar_mask(matcher, vocab_size: int) -> np.ndarray:

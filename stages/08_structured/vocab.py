@@ -49,7 +49,7 @@ class TokenizerInfo:
         size = max(vocab_size or 0, max(vocab.values()) + 1)
         backend = getattr(tokenizer, "backend_tokenizer", None)   # slow tokenizers have none
         decoder = (json.loads(backend.to_str()).get("decoder") or {}) if backend is not None else {}
-        byte_level = decoder.get("type") == "ByteLevel" or "ByteLevel" in json.dumps(decoder)
+        byte_level = "ByteLevel" in json.dumps(decoder)   # alone or inside a Sequence decoder
         special = {i for i in tokenizer.all_special_ids}
         special |= {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
         token_bytes = [b""] * size

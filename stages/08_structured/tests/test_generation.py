@@ -113,8 +113,9 @@ def test_cli_needs_exactly_one_grammar(tiny_folder, capsys):
 
 
 def test_the_logits_processor_equals_the_constrained_loop(byte_tok):
-    """The processor in stage 02's plain loop and in stage 04's batched engine gives, request by
-    request, the same tokens as ConstrainedGenerator (greedy and seeded sampling)."""
+    """The processor in stage 04's batched engine gives, request by request, the same tokens as
+    ConstrainedGenerator, which runs it in stage 02's loop (greedy and seeded sampling); and
+    attaching it by hand to stage 02's loop is the same as ConstrainedGenerator."""
     from course.s01_decode_loop.testing import tiny_model
     from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
     from course.s08_structured.generate import GrammarLogitsProcessor

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from course.s08_structured.grammar import Grammar, GrammarError, chars, lit, seq, star
-from course.s08_structured.mask_cache import _store, classify_position
+from course.s08_structured.mask_cache import _store
 from course.s08_structured.matcher import (GrammarMatcher, allocate_token_bitmask, apply_token_bitmask,
                                            compile_grammar, pack_mask, unpack_bitmask)
 from course.s08_structured.naive import naive_token_mask

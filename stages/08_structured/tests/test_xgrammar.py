@@ -15,7 +15,8 @@ from course.s08_structured.ebnf import parse_ebnf
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
 from course.s08_structured.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
-                                           xgrammar_comparable, xgrammar_mask, xgrammar_matcher)
+                                           xgrammar_comparable, xgrammar_compile, xgrammar_compiler,
+                                           xgrammar_mask)
 
 CASES = ([("json_schema", n) for n in EXAMPLE_SCHEMAS] + [("regex", n) for n in EXAMPLE_REGEXES]
          + [("ebnf", n) for n in EXAMPLE_EBNF])
@@ -35,17 +36,25 @@ def source(kind, name):
     return {"regex": EXAMPLE_REGEXES, "ebnf": EXAMPLE_EBNF}[kind][name]
 
 
+@pytest.fixture(scope="module")
+def x_compiler(smollm2_tokenizer, smollm2_info):
+    return xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,name", CASES)
-def test_masks_equal_xgrammar_at_every_step(kind, name, smollm2_tokenizer, smollm2_info):
+def test_masks_equal_xgrammar_at_every_step(kind, name, x_compiler, smollm2_info):
+    import xgrammar as xgr
+
     vocab = smollm2_info.vocab_size
     compiled = compile_grammar(ours(kind, name), smollm2_info)
+    x_compiled = xgrammar_compile(x_compiler, source(kind, name), kind)
     special = sorted(smollm2_info.special_ids)
     rng = random.Random(name)
     steps = 0
     for walk in range(3):
         path = random_valid_path(GrammarMatcher(compiled), rng, max_tokens=40, end_bias=0.5)
-        mine, theirs = GrammarMatcher(compiled), xgrammar_matcher(smollm2_tokenizer, source(kind, name), kind, vocab)
+        mine, theirs = GrammarMatcher(compiled), xgr.GrammarMatcher(x_compiled)
         for t in path + [None]:
             if t is None and mine.is_terminated():
                 break
