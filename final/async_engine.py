@@ -1,10 +1,15 @@
 """The engine loop in its own thread, with an asyncio face for the server.
 
 The model's forward pass blocks for tens of milliseconds; run on the event loop, it would
-freeze every connection. So one thread owns the LLMEngine and does nothing but
-`step()`; the server's coroutines talk to it through a command queue (add, abort) and get
-their tokens back through one asyncio.Queue per request. Only the engine thread ever touches
-the engine's state, so the engine needs no locks.
+freeze every connection. So one thread owns the LLMEngine and does nothing but `step()`;
+the server's coroutines talk to it through a command queue (add, abort, call) and get their
+tokens back through one asyncio.Queue per request. Only the engine thread ever touches the
+engine's state, so the engine needs no locks.
+
+Admission is decided on the caller's thread, at once: `submit` checks the prompt, the
+context and the queue bound and raises before anything is queued, so a refused request (400,
+429, 503) never waits for an engine step. The queue bound counts requests admitted but not
+yet scheduled, under a small lock shared by the two threads.
 """
 from __future__ import annotations
 
@@ -12,25 +17,84 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.sequence import TokenEvent
-from course.s04_continuous_batching.engine import LLMEngine
+from course.s01_decode_loop.sequence import Sequence, TokenEvent
+from course.s04_continuous_batching.engine import LLMEngine, QueueFullError
 
 from .metrics import ServerMetrics
 
 
 class EngineDeadError(RuntimeError):
-    """The engine loop failed; the request could not be completed."""
+    """The engine step failed; every request in flight could not be completed."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request alone failed inside the engine (its neighbours went on)."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The server is shutting down: it admits nothing new, and stops what outlives the drain."""
+
+
+@dataclass(eq=False)
+class _Group:
+    """One API request: its n sequences (OpenAI's `n`) and where their tokens go."""
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue
+    seqs: list[Sequence]
+    request_ids: list[int] = field(default_factory=list)  # filled by the engine thread
+
+
+class RequestStream:
+    """The (index, TokenEvent) pairs of one admitted request, as they come. `close()` (sync,
+    idempotent) aborts whatever has not finished and frees its KV blocks: call it when the
+    client goes away."""
+
+    def __init__(self, engine: "AsyncEngine", group: _Group):
+        self._engine, self._group = engine, group
+        self._running = set(range(len(group.seqs)))
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> tuple[int, TokenEvent]:
+        if not self._running:
+            raise StopAsyncIteration
+        item = await self._group.events.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        index, event = item
+        if event.finish_reason is not None:
+            self._running.discard(index)
+        return index, event
+
+    def close(self) -> None:
+        if self._running:
+            self._running.clear()
+            self._engine._commands.put(("abort", self._group))
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __del__(self):  # dropped without close(): never leave a request running for nobody
+        self.close()
 
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, metrics: ServerMetrics | None = None):
         self.engine, self.metrics = engine, metrics or ServerMetrics("model")
+        self.max_waiting = engine.config.max_waiting
+        self.accepting = True  # False once a shutdown began: submit() refuses with ShuttingDownError
         self._commands: queue.Queue = queue.Queue()
-        # request id -> (the consumer's event loop, its queue, the request's index among its siblings)
-        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}
+        self._streams: dict[int, tuple[_Group, int]] = {}  # request id -> (its group, its index)
+        self._unscheduled: set[int] = set()  # engine thread: admitted ids not yet scheduled once
+        self._waiting = 0                    # how many admitted requests are not scheduled yet
+        self._waiting_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
@@ -39,47 +103,70 @@ class AsyncEngine:
         return self
 
     def shutdown(self) -> None:
+        """Stop the engine thread; whatever is still in flight ends with ShuttingDownError."""
+        self.accepting = False
         self._stop.set()
         self._commands.put(("wake",))
         self._thread.join(timeout=10)
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
-        """Stream one request's tokens (see `generate_many`)."""
-        async for _, event in self.generate_many(prompt_ids, [params]):
-            yield event
+    # ---- the caller's side ----------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: list[SamplingParams]) -> RequestStream:
+        """Admit one request per entry of `params` on the same prompt (OpenAI's `n`), all or
+        none, and return their stream. Raises at once, queueing nothing: ShuttingDownError,
+        ValueError (empty prompt, n beyond the queue bound), CacheCapacityError (too long for
+        the context or the whole KV pool; a ValueError too), QueueFullError."""
+        seqs = [self.engine.make_sequence(prompt_ids, p) for p in params]  # reads fixed sizes only
+        with self._waiting_lock:
+            self.check_room(len(seqs))
+            self._waiting += len(seqs)
+        group = _Group(asyncio.get_running_loop(), asyncio.Queue(), seqs)
+        self._commands.put(("add", group))
+        return RequestStream(self, group)
+
+    def check_room(self, n: int) -> None:
+        """Raise what `submit` would for n more requests with the queue as it is now: a server
+        calls it first, to refuse before it spends time tokenizing or compiling a schema."""
+        if not self.accepting:
+            raise ShuttingDownError("the server is shutting down and accepts no new requests")
+        if n > self.max_waiting:
+            raise ValueError(f"n={n} choices can never be admitted: this server queues at most "
+                             f"{self.max_waiting} requests")
+        if self._waiting + n > self.max_waiting:
+            raise QueueFullError(f"the queue is full ({self.max_waiting} waiting requests); retry later")
 
     async def generate_many(self, prompt_ids: list[int],
                             params: list[SamplingParams]) -> AsyncIterator[tuple[int, TokenEvent]]:
-        """Run one request per entry of `params` on the same prompt (OpenAI's `n`) and stream
-        (index, token) pairs as they come. All are admitted or none: admission errors (too
-        long, queue full) are raised before the first token. If the consumer stops early (a
-        client disconnects), the unfinished ones are aborted and their KV blocks freed."""
-        loop, events = asyncio.get_running_loop(), asyncio.Queue()
-        admitted: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("add", prompt_ids, list(params), loop, events, admitted))
+        """`submit` as an async generator: admission errors raise at the first `anext`."""
+        stream = self.submit(prompt_ids, params)
         try:
-            request_ids = await asyncio.shield(asyncio.wrap_future(admitted))
-        except asyncio.CancelledError:  # gone before admission: abort whatever gets admitted
-            admitted.add_done_callback(self._abort_when_admitted)
-            raise
-        running = set(range(len(request_ids)))
-        try:
-            while running:
-                item = await events.get()
-                if isinstance(item, BaseException):
-                    raise item
-                index, event = item
-                if event.finish_reason is not None:
-                    running.discard(index)
-                yield index, event
+            async for item in stream:
+                yield item
         finally:
-            for index in running:
-                self._commands.put(("abort", request_ids[index]))
+            stream.close()
 
-    def _abort_when_admitted(self, admitted: concurrent.futures.Future) -> None:
-        if admitted.exception() is None:
-            for rid in admitted.result():
-                self._commands.put(("abort", rid))
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """Stream one request's tokens."""
+        async for _, event in self.generate_many(prompt_ids, [params]):
+            yield event
+
+    def drain(self, timeout: float, hurry: threading.Event | None = None) -> int:
+        """Graceful shutdown, called from any thread but the engine's: admit nothing more, let
+        the requests in flight finish for up to `timeout` seconds (or until `hurry` is set),
+        then stop the rest with ShuttingDownError. Returns how many were stopped."""
+        self.accepting = False
+        deadline, hurry = time.monotonic() + timeout, hurry or threading.Event()
+        while time.monotonic() < deadline and not hurry.is_set():
+            if self.call(lambda e: not self._streams):  # the call queues behind pending adds
+                return 0
+            hurry.wait(0.05)
+        return self.call(lambda e: self._fail_all(ShuttingDownError(
+            "the server is shutting down: this request was stopped before it finished")))
+
+    def call(self, fn):
+        """Run `fn(engine)` on the engine thread and return its result (for stats, tests)."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", fn, done))
+        return done.result(timeout=30)
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -87,7 +174,10 @@ class AsyncEngine:
             self._handle_commands(block=not self.engine.has_unfinished())
             if self.engine.has_unfinished():
                 self._step()
+            self._note_scheduled()
             self.metrics.engine_updated(self.engine)
+        self._handle_commands(block=False)  # adds that raced the stop still get their answer
+        self._fail_all(ShuttingDownError("the server is shutting down; this request was stopped"))
 
     def _step(self) -> None:
         try:
@@ -96,16 +186,21 @@ class AsyncEngine:
             self._fail_all(EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
             return
         for out in outputs:
+            if out.error is not None:
+                self._deliver(out.request_id, RequestFailedError(
+                    f"this request failed in the engine: {type(out.error).__name__}: {out.error}"))
+                self._retire(out.request_id)
+                continue
             if out.request_id in self._streams:
                 self._deliver(out.request_id, out.event)
             if out.event.finish_reason:
                 self._retire(out.request_id)
 
     def _deliver(self, request_id: int, event) -> None:
-        loop, events, index = self._streams[request_id]
+        group, index = self._streams[request_id]
         item = event if isinstance(event, BaseException) else (index, event)
         try:
-            loop.call_soon_threadsafe(events.put_nowait, item)
+            group.loop.call_soon_threadsafe(group.events.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
             self._abort(request_id)
 
@@ -116,9 +211,10 @@ class AsyncEngine:
             return
         while True:
             if cmd[0] == "add":
-                self._add(*cmd[1:])
+                self._add(cmd[1])
             elif cmd[0] == "abort":
-                self._abort(cmd[1])
+                for rid in cmd[1].request_ids:
+                    self._abort(rid)
             elif cmd[0] == "call":
                 _, fn, done = cmd
                 try:
@@ -130,20 +226,22 @@ class AsyncEngine:
             except queue.Empty:
                 return
 
-    def _add(self, prompt_ids, params_list, loop, events, admitted) -> None:
-        request_ids = []
-        try:
-            for params in params_list:
-                request_ids.append(self.engine.add_request(prompt_ids, params))
-        except Exception as e:  # refused: undo the siblings already queued; the caller answers 4xx
-            for rid in request_ids:
-                self.engine.abort(rid)
-                self.engine.forget(rid)
-            admitted.set_exception(e)
-            return
-        for index, rid in enumerate(request_ids):
-            self._streams[rid] = (loop, events, index)
-        admitted.set_result(request_ids)
+    def _add(self, group: _Group) -> None:
+        for index, seq in enumerate(group.seqs):
+            rid = self.engine.add_sequence(seq)  # admitted already: cannot be refused here
+            group.request_ids.append(rid)
+            self._streams[rid] = (group, index)
+            self._unscheduled.add(rid)
+
+    def _note_scheduled(self) -> None:
+        """Free a queue slot for each admitted request that has now been scheduled."""
+        self._release([rid for rid in self._unscheduled if self.engine.requests[rid].first_scheduled_time])
+
+    def _release(self, request_ids: list[int]) -> None:
+        if request_ids:
+            self._unscheduled.difference_update(request_ids)
+            with self._waiting_lock:
+                self._waiting -= len(request_ids)
 
     def _abort(self, request_id: int) -> None:
         if request_id in self._streams:
@@ -151,20 +249,18 @@ class AsyncEngine:
             self._retire(request_id)
 
     def _retire(self, request_id: int) -> None:
-        """A request ended (finished or aborted): count it, then keep nothing of it."""
+        """A request ended (finished, failed or aborted): count it, then keep nothing of it."""
         self._streams.pop(request_id, None)
         req = self.engine.requests.get(request_id)
         if req is not None and req.finished:
             self.metrics.request_finished(req)
         self.engine.forget(request_id)
+        if request_id in self._unscheduled:  # ended while still queued (aborted, shut down)
+            self._release([request_id])
 
-    def _fail_all(self, error: Exception) -> None:
-        for rid in list(self._streams):
+    def _fail_all(self, error: Exception) -> int:
+        failed = list(self._streams)
+        for rid in failed:
             self._deliver(rid, error)
             self._abort(rid)
-
-    def call(self, fn):
-        """Run `fn(engine)` on the engine thread and return its result (for stats, tests)."""
-        done: concurrent.futures.Future = concurrent.futures.Future()
-        self._commands.put(("call", fn, done))
-        return done.result(timeout=30)
+        return len(failed)

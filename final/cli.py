@@ -12,19 +12,20 @@ from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
-from .server import build_app
+from .server import ServerLimits, build_app
+from .shutdown import GracefulServer
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, flag: str = "--kv-memory") -> int:
     """'512MiB', '2GB', '1e9' -> bytes."""
     number = text.rstrip("KMGiBkmgib")
     unit = text[len(number):].upper()
     try:
         return int(float(number) * UNITS[unit])
     except (KeyError, ValueError):
-        raise ValueError(f"--kv-memory: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
+        raise ValueError(f"{flag}: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
 
 
 def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config, dtype: torch.dtype) -> int:
@@ -41,7 +42,9 @@ def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config,
 
 def build_server(args: argparse.Namespace):
     dtype = getattr(torch, args.dtype)
-    kv_memory = parse_size(args.kv_memory) if args.kv_memory is not None else None  # a typo fails before loading
+    # typos fail before the model loads
+    kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
+    max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     loaded = load_model(args.model, dtype=dtype, device=args.device)
     blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
     config = EngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
@@ -49,7 +52,8 @@ def build_server(args: argparse.Namespace):
                           record_steps=False)
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids), ServerMetrics(name))
-    return engine, build_app(engine, loaded.tokenizer, name)
+    limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
+    return engine, build_app(engine, loaded.tokenizer, name, limits)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
+    s.add_argument("--grammar-timeout", type=float, default=20.0,
+                   help="seconds a response_format schema may take to compile (then 400)")
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
     args = p.parse_args(argv)
     import uvicorn
 
@@ -78,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine.start()
+    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                                           timeout_graceful_shutdown=5),
+                            engine, args.drain_timeout, on_drain=app.state.grammars.cancel_all)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        server.run()
     finally:
+        app.state.grammars.cancel_all()
         engine.shutdown()
     return 0

@@ -1,7 +1,7 @@
 """OpenAI request bodies, validated. Unknown fields are refused (400), never silently ignored."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -9,6 +9,31 @@ from course.s01_decode_loop.sampling import SamplingParams
 
 MAX_N = 16           # choices per request
 MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
+MAX_STOP = 16        # stop strings per request (OpenAI allows 4; each costs a check per token)
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed (as vLLM); choice i uses seed + i
+
+
+def find_lone_surrogate(value) -> str | None:
+    """The path of the first string (or key) in a parsed JSON value holding a lone surrogate,
+    else None. JSON may escape one ("\\ud800"), but no UTF-8 text can hold it: a tokenizer or
+    grammar would fail on it later, so it is refused up front. Iterative: any depth is fine."""
+    stack = [("body", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                stack.append((f"a key of {path}", k))
+                key = k.encode("utf-8", "backslashreplace").decode() if isinstance(k, str) else k
+                stack.append((f"{path}.{key}", item))  # the path itself must be valid text
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
+    return None
 
 
 class StreamOptions(BaseModel):
@@ -48,14 +73,29 @@ class _Common(BaseModel):
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
+    stop: str | list[Annotated[str, Field(min_length=1)]] | None = Field(None, union_mode="left_to_right")
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     ignore_eos: bool = False  # vLLM's extension: benchmarks use it to get exact output lengths
     user: str | None = None
     response_format: ResponseFormat | None = None  # also on completions, as vLLM allows
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):
+        path = find_lone_surrogate(data)
+        if path is not None:
+            raise ValueError(f"{path.removeprefix('body.')} holds a lone UTF-16 surrogate, which is not valid "
+                             "Unicode text; send UTF-8")
+        return data
+
+    @model_validator(mode="after")
+    def _few_stop_strings(self):
+        if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
+            raise ValueError(f"stop: at most {MAX_STOP} stop strings, got {len(self.stop)}")
+        return self
 
     def num_logprobs(self) -> int | None:
         """None: no logprobs; k: the chosen token's and the k most likely."""

@@ -1,51 +1,99 @@
 """`response_format` for the server: JSON Schema -> compiled grammar -> one logits processor per
 choice (stage 08). Compiled grammars are cached by schema, since clients send the same schema
-again and again and compiling precomputes masks over the whole vocabulary (seconds here)."""
+again and again and compiling precomputes masks over the whole vocabulary (seconds here).
+
+A schema is the client's input, so what it may cost is bounded: stage 08's CompileBudget
+refuses oversized or too-deep schemas at once and stops a compile at its deadline (both a 400
+naming the limit). Compiles run on their own worker thread, so the event loop keeps serving,
+and a compile whose client left, or that a shutdown interrupts, is cancelled, not finished.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
+from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.json_schema import json_schema_to_grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
+from .async_engine import ShuttingDownError
+
 ANY_OBJECT = {"type": "object"}
 
 
+def cache_key(schema) -> str | None:
+    """The schema as canonical JSON; None for one too deep to serialise (the compile refuses it)."""
+    try:
+        return json.dumps(schema, sort_keys=True)
+    except RecursionError:
+        return None
+
+
 class GrammarCache:
-    def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32):
+    def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
+                 timeout_s: float | None = 20.0):
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
-        self.capacity = capacity
+        self.capacity, self.timeout_s = capacity, timeout_s
         self._info: TokenizerInfo | None = None
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
-        self._lock = threading.Lock()   # compiles run in worker threads, several at once
+        self._lock = threading.Lock()   # the cache is read on the loop and written by the worker
+        # One worker: two hostile schemas cannot take both cores from the engine. A queued
+        # compile's deadline runs while it waits, so a burst of them is answered in bounded time.
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._live: dict[int, CompileBudget] = {}   # compiles queued or running, to cancel at shutdown
 
-    def compile(self, schema) -> CompiledGrammar:
-        """Compile (or fetch) a schema; GrammarError (a ValueError) if it is malformed or unsupported."""
-        key = json.dumps(schema, sort_keys=True)
+    def compile(self, schema, budget: CompileBudget | None = None) -> CompiledGrammar:
+        """Compile (or fetch) a schema. GrammarError (a ValueError) if it is malformed, unsupported
+        or past the budget's limits; CompileCancelled if the budget was cancelled."""
+        grammar = json_schema_to_grammar(schema, budget=budget)  # limits are checked here, fast
+        key = cache_key(schema)
+        if (hit := self.cached(key)) is not None:
+            return hit
         with self._lock:
-            if key in self._compiled:
-                self._compiled.move_to_end(key)
-                return self._compiled[key]
             if self._info is None:
                 self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
-        grammar = json_schema_to_grammar(schema)        # errors surface before the slow part
-        compiled = compile_grammar(grammar, self._info)  # outside the lock: other schemas go on
+        compiled = compile_grammar(grammar, self._info, budget=budget)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         return compiled
 
+    def cached(self, key: str | None) -> CompiledGrammar | None:
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+        return None
+
     async def processors(self, response_format, n: int) -> list[GrammarLogitsProcessor] | None:
-        """None for plain text; else n fresh processors sharing one compiled grammar. Compiling
-        runs in a worker thread so the event loop keeps serving other requests meanwhile."""
+        """None for plain text; else n fresh processors sharing one compiled grammar. A schema seen
+        before is answered from the cache on the event loop, never queued behind a compile."""
         if response_format is None or response_format.type == "text":
             return None
         schema = ANY_OBJECT if response_format.type == "json_object" else response_format.json_schema.schema_
-        compiled = await asyncio.to_thread(self.compile, schema)
+        compiled = self.cached(cache_key(schema)) or await self._compile_off_loop(schema)
         return [GrammarLogitsProcessor(compiled) for _ in range(n)]
+
+    async def _compile_off_loop(self, schema) -> CompiledGrammar:
+        budget = CompileBudget(timeout_s=self.timeout_s)  # its clock starts now: queueing counts
+        self._live[id(budget)] = budget
+        try:
+            return await asyncio.wrap_future(self._pool.submit(self.compile, schema, budget))
+        except asyncio.CancelledError:  # the client went away: stop the compile, not just the wait
+            budget.cancel()
+            raise
+        except CompileCancelled:
+            raise ShuttingDownError("the server is shutting down; the schema was not compiled") from None
+        finally:
+            self._live.pop(id(budget), None)
+
+    def cancel_all(self) -> None:
+        """Shutting down: stop every compile, queued or running."""
+        for budget in list(self._live.values()):
+            budget.cancel()

@@ -16,7 +16,8 @@ from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
-from .server import build_app
+from .server import ServerLimits, build_app
+from .shutdown import GracefulServer
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -31,18 +32,22 @@ def free_port() -> int:
 def tiny_engine(byte_tok, **config) -> AsyncEngine:
     """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top."""
     byte_tok.chat_template = CHAT_TEMPLATE
-    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=64, block_size=4, **config),
+    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
                     [byte_tok.eos_token_id])
     return AsyncEngine(llm, ServerMetrics("tiny"))
 
 
 @contextlib.contextmanager
-def live_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny"):
+def running_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None,
+                   drain_timeout: float = 5.0):
     """The app on a free localhost port, served by uvicorn in a thread, as a user would run it.
-    Yields the base URL; stops the server and the engine on exit."""
+    Yields (base URL, the GracefulServer: `server.handle_exit(signal.SIGTERM, None)` is what a
+    SIGTERM does); stops the server and the engine on exit."""
     engine.start()
-    srv = uvicorn.Server(uvicorn.Config(build_app(engine, tokenizer, model_name), host="127.0.0.1",
-                                        port=free_port(), log_level="warning"))
+    app = build_app(engine, tokenizer, model_name, limits)
+    srv = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                                        timeout_graceful_shutdown=2),
+                         engine, drain_timeout, on_drain=app.state.grammars.cancel_all)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
     try:
@@ -52,17 +57,28 @@ def live_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny"):
             time.sleep(0.05)
         else:
             raise RuntimeError("the test server did not start")
-        yield f"http://127.0.0.1:{srv.config.port}"
+        yield f"http://127.0.0.1:{srv.config.port}", srv
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+        app.state.grammars.cancel_all()
         engine.shutdown()
 
 
-def metric(url: str, name: str, **labels) -> float:
-    """One sample's value from GET /metrics, e.g. metric(url, "vllm:num_requests_running")."""
+@contextlib.contextmanager
+def live_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None):
+    """`running_server`, yielding only the base URL."""
+    with running_server(engine, tokenizer, model_name, limits) as (url, _):
+        yield url
+
+
+def metric(url: str, name: str, default: float | None = None, **labels) -> float:
+    """One sample's value from GET /metrics, e.g. metric(url, "vllm:num_requests_running");
+    `default` for a labelled sample not seen yet (a counter that has not counted)."""
     for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
         for sample in family.samples:
             if sample.name == name and labels.items() <= sample.labels.items():
                 return sample.value
+    if default is not None:
+        return default
     raise KeyError(name)

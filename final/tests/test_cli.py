@@ -1,4 +1,5 @@
 """`python -m course.final serve` as a user runs it: a real process, a real port."""
+import json
 import signal
 import subprocess
 import sys
@@ -59,6 +60,28 @@ def test_cli_serves_a_model_folder(tiny_folder):
         assert [m.id for m in client.models.list()] == ["tiny"]
     finally:
         assert stop(proc) == 0
+
+
+def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
+    """SIGTERM with a stream in flight: the stream ends properly (finished, or stopped with a
+    shutdown error event), the process exits 0 on its own, having said it drained."""
+    proc, url = start("--model", str(tiny_folder), "--kv-memory", "1MiB", "--drain-timeout", "0.5")
+    lines = []
+    try:
+        body = {"prompt": "go", "max_tokens": 400, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            for line in r.iter_lines():
+                lines.append(line)
+                if len(lines) == 4:
+                    proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    data = [x[6:] for x in lines if x.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    last = json.loads(data[-2])
+    assert last.get("choices", [{}])[0].get("finish_reason") == "length" or "shutting down" in last["error"]["message"]
+    assert "Draining" in proc.stdout.read()
 
 
 @pytest.mark.parametrize("args,message", [

@@ -217,13 +217,24 @@ def test_server_overload_gets_429_while_admitted_requests_complete(byte_tok):
         assert len({r.json()["choices"][0]["text"] for r in done}) == 1  # same greedy request, same answer
 
 
-def test_server_n_over_the_queue_bound_admits_none(byte_tok):
-    """n choices are admitted together or not at all: no half-served request."""
-    engine = tiny_engine(byte_tok, max_waiting=2)
+def test_server_n_choices_are_admitted_all_or_none(byte_tok):
+    """n choices are admitted together or not at all: no half-served request. n beyond the
+    queue bound can never be admitted: 400, not a 429 that invites retrying forever."""
+    engine = tiny_engine(byte_tok, max_waiting=3)
     engine.engine.step = lambda: time.sleep(0.005) or []  # never progress: everything stays queued
     with live_server(engine, byte_tok) as url:
-        r = httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 3, "max_tokens": 2})
-        assert r.status_code == 429
+        never = httpx.post(url + "/v1/completions", json={"prompt": "x", "n": 4, "max_tokens": 2})
+        assert never.status_code == 400 and "can never be admitted" in never.json()["error"]["message"]
+        body = {"prompt": "x", "n": 2, "max_tokens": 2, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body) as held:  # two of three slots
+            assert held.status_code == 200
+            refused = httpx.post(url + "/v1/completions", json={"prompt": "y", "n": 2, "max_tokens": 2})
+            assert refused.status_code == 429
+            assert engine.call(lambda e: len(e.scheduler.waiting)) == 2  # nothing of the refused pair
+        for _ in range(100):  # the held stream was closed: its two requests are aborted
+            if engine.call(lambda e: e.requests) == {}:
+                break
+            time.sleep(0.05)
         assert engine.call(lambda e: (len(e.scheduler.waiting), e.requests)) == (0, {})
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 IdsLike = Sequence[int] | torch.Tensor
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
 
 
 @dataclass
@@ -61,7 +62,10 @@ class SamplingParams:
         check(is_num(self.repetition_penalty) and self.repetition_penalty > 0, "repetition_penalty", "> 0")
         for name in ("presence_penalty", "frequency_penalty"):  # OpenAI's documented range
             check(is_num(getattr(self, name)) and -2 <= getattr(self, name) <= 2, name, "in [-2, 2]")
-        check(self.seed is None or is_int(self.seed), "seed", "an integer or None")
+        # A torch.Generator takes seeds from -2**63 to 2**64 - 1; outside that it fails at the first
+        # sample, so refuse here, when the request is made, not later inside a shared batch step.
+        check(self.seed is None or (is_int(self.seed) and SEED_MIN <= self.seed <= SEED_MAX), "seed",
+              f"an integer in [{SEED_MIN}, {SEED_MAX}] or None")
         if isinstance(self.stop, str):  # OpenAI's API accepts a single string too
             self.stop = [self.stop]
         check(isinstance(self.stop, (list, tuple)) and all(isinstance(s, str) and s for s in self.stop),

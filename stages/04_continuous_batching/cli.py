@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     while engine.has_unfinished():
         for out in engine.step():
-            if not args.json and out.event.finish_reason:  # print each answer as it completes
+            if not args.json and (out.error or out.event.finish_reason):  # print each answer as it completes
                 req = engine.requests[out.request_id]
-                print(f"--- [{out.request_id}] {prompts[ids.index(out.request_id)]!r}\n{req.seq.text}\n")
+                text = f"error: {out.error}" if out.error else req.seq.text
+                print(f"--- [{out.request_id}] {prompts[ids.index(out.request_id)]!r}\n{text}\n")
     if args.json:
         for prompt, rid in zip(prompts, ids):
             req = engine.requests[rid]

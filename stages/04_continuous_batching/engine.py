@@ -48,7 +48,8 @@ class EngineConfig:
 @dataclass
 class StepOutput:
     request_id: int
-    event: TokenEvent
+    event: TokenEvent | None
+    error: Exception | None = None  # this request alone failed (event is None); it is finished
 
 
 class LLMEngine:
@@ -69,13 +70,24 @@ class LLMEngine:
 
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
-        """Queue a request; refuse at once (nothing allocated) what can never run."""
+        """Queue a request; refuse at once (nothing allocated) what can never run or finds the
+        queue full."""
+        seq = self.make_sequence(prompt_ids, params)
+        if len(self.scheduler.waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests)")
+        return self.add_sequence(seq)
+
+    def make_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """A request's Sequence, or ValueError / CacheCapacityError if it can never run. Reads
+        only fixed sizes, so a server may call it on its own thread, before queueing anything."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         seq = Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids)
         check_fits(seq, self.max_model_len, self.blocks)
-        if len(self.scheduler.waiting) >= self.config.max_waiting:
-            raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests)")
+        return seq
+
+    def add_sequence(self, seq: Sequence) -> int:
+        """Queue a Sequence from `make_sequence`, with no queue bound: the caller applies its own."""
         rid = next(self._ids)
         self.requests[rid] = req = Request(rid, seq)
         self.scheduler.add(req)
@@ -117,6 +129,9 @@ class LLMEngine:
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params)]
         while self.has_unfinished():
             self.step()
+        for i in ids:
+            if self.requests[i].error is not None:
+                raise self.requests[i].error
         return [self.requests[i].seq.output() for i in ids]
 
     # ---- run and postprocess --------------------------------------------------------------
@@ -143,8 +158,14 @@ class LLMEngine:
             self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk that is not the last: nothing to sample yet
-            event = req.seq.sample_and_append(logits[i])
-            i += 1
+            row, i = logits[i], i + 1
+            try:
+                event = req.seq.sample_and_append(row)
+            except Exception as e:  # one request's sampling failed (e.g. its logits processor):
+                req.finish_reason, req.error = "error", e  # fail it alone; its batch neighbours go on
+                self.scheduler.finish(req)
+                outputs.append(StepOutput(req.request_id, None, e))
+                continue
             outputs.append(StepOutput(req.request_id, event))
             if event.finish_reason:
                 req.finish_reason = event.finish_reason

@@ -13,7 +13,7 @@ class Status(enum.Enum):
     WAITING = "waiting"      # queued, nothing cached
     RUNNING = "running"      # holds blocks; prefilling (maybe in chunks) or decoding
     PREEMPTED = "preempted"  # lost its blocks under memory pressure; will recompute
-    FINISHED = "finished"    # done: see finish_reason ("stop", "length", "abort")
+    FINISHED = "finished"    # done: see finish_reason ("stop", "length", "abort", "error")
 
 
 @dataclass
@@ -24,6 +24,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens of seq.all_ids whose K/V are in the cache
     first_scheduled_time: float | None = None
     finish_reason: str | None = None
+    error: Exception | None = None  # why it failed, when finish_reason is "error"
     num_preemptions: int = 0
 
     @property

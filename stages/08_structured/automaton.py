@@ -18,11 +18,19 @@ position, are all the run-time ever reads:
     trans[pos]   list of 256 target positions (-1 = no edge)
     calls[pos]   tuple of (callee's start position, return position)
     final[pos]   the rule may end here
+
+Sizes are known before anything is built: `nfa_states(expr)` counts the states the Thompson
+construction will create (a repetition {m,n} costs n copies of its item), so a runaway count
+is refused in microseconds instead of after building half a million states. With a
+CompileBudget, the whole grammar must fit in `max_states` states, the automaton is checked
+again as it is determinised, and the budget's deadline is checked per state.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from .budget import CompileBudget, LimitExceeded
 from .grammar import Alt, Bytes, CharClass, Expr, Grammar, GrammarError, Ref, Repeat, Seq, refs_in
 
 MAX_NFA_STATES = 500_000   # beyond this a rule is almost surely a runaway repetition count
@@ -66,18 +74,23 @@ def utf8_sequences(lo: int, hi: int) -> list[list[tuple[int, int]]]:
     return out
 
 
+@lru_cache(maxsize=4096)
+def class_sequences(cls: CharClass) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """All byte-range sequences of a character class (cached: the same classes recur)."""
+    return tuple(tuple(seq) for lo, hi in cls.ranges for seq in utf8_sequences(lo, hi))
+
+
 # ---------------------------------------------------------------- NFA (Thompson)
 class _NFA:
-    def __init__(self, rule: str):
-        self.rule = rule
+    def __init__(self, rule: str, budget: CompileBudget):
+        self.rule, self.budget = rule, budget
         self.eps: list[list[int]] = []
         self.bytes: list[list[tuple[int, int, int]]] = []
         self.calls: list[list[tuple[str, int]]] = []
 
     def new(self) -> int:
-        if len(self.eps) >= MAX_NFA_STATES:
-            raise GrammarError(f"rule {self.rule!r} is too large to compile (over {MAX_NFA_STATES} states); "
-                               "lower its repetition counts")
+        if len(self.eps) & 1023 == 0:              # now and then: is the deadline past?
+            self.budget.check()
         self.eps.append([])
         self.bytes.append([])
         self.calls.append([])
@@ -94,13 +107,12 @@ class _NFA:
             if not e.value:
                 self.eps[s].append(t)
         elif isinstance(e, CharClass):
-            for lo, hi in e.ranges:
-                for ranges in utf8_sequences(lo, hi):
-                    cur = s
-                    for i, (a, b) in enumerate(ranges):
-                        nxt = t if i == len(ranges) - 1 else self.new()
-                        self.bytes[cur].append((a, b, nxt))
-                        cur = nxt
+            for ranges in class_sequences(e):
+                cur = s
+                for i, (a, b) in enumerate(ranges):
+                    nxt = t if i == len(ranges) - 1 else self.new()
+                    self.bytes[cur].append((a, b, nxt))
+                    cur = nxt
         elif isinstance(e, Ref):
             self.calls[s].append((e.name, t))
         elif isinstance(e, Seq):
@@ -110,7 +122,12 @@ class _NFA:
                 self.build(item, cur, nxt)
                 cur = nxt
         elif isinstance(e, Alt):
-            for item in e.items:
+            words, others = _literals_apart(e)
+            inner, edges = literal_trie(words)
+            ids = [s] + [self.new() for _ in range(inner)]
+            for a, b, c in edges:
+                self.bytes[ids[a]].append((b, b, t if c < 0 else ids[c]))
+            for item in others:
                 self.build(item, s, t)
         elif isinstance(e, Repeat):
             cur = s
@@ -143,6 +160,57 @@ class _NFA:
         return frozenset(seen)
 
 
+def _literals_apart(e: Alt) -> tuple[list[bytes], list]:
+    """An alternation's non-empty literals, and its other alternatives."""
+    words = [it.value for it in e.items if isinstance(it, Bytes) and it.value]
+    return words, [it for it in e.items if not (isinstance(it, Bytes) and it.value)]
+
+
+def literal_trie(words: list[bytes]) -> tuple[int, list[tuple[int, int, int]]]:
+    """Literal alternatives as a trie, so that alternatives sharing a prefix share its states: an
+    enum of 4,000 strings needs about as many states as it has distinct prefixes, not as its
+    total length. Returns (number of inner nodes, edges (from, byte, to)); node 0 is the start,
+    -1 the end, 1.. the inner nodes."""
+    children: dict[tuple[int, int], int] = {}
+    edges = []
+    for w in words:
+        cur = 0
+        for b in w[:-1]:
+            nxt = children.get((cur, b))
+            if nxt is None:
+                nxt = children[(cur, b)] = len(children) + 1
+                edges.append((cur, b, nxt))
+            cur = nxt
+        edges.append((cur, w[-1], -1))
+    return len(children), edges
+
+
+def nfa_states(e: Expr, memo: dict | None = None) -> int:
+    """The number of states _NFA.build(e, s, t) creates (s and t not counted), computed from
+    the expression alone; shared sub-expressions are counted once per use, as build does."""
+    memo = {} if memo is None else memo
+    key = id(e)
+    if key not in memo:
+        if isinstance(e, Bytes):
+            n = max(len(e.value) - 1, 0)
+        elif isinstance(e, CharClass):
+            n = sum(len(seq) - 1 for seq in class_sequences(e))
+        elif isinstance(e, Ref):
+            n = 0
+        elif isinstance(e, Seq):
+            n = max(len(e.items) - 1, 0) + sum(nfa_states(it, memo) for it in e.items)
+        elif isinstance(e, Alt):
+            words, others = _literals_apart(e)
+            n = literal_trie(words)[0] + sum(nfa_states(it, memo) for it in others)
+        elif isinstance(e, Repeat):
+            copy = 1 + nfa_states(e.item, memo)    # one copy of the item and the state after it
+            n = e.min * copy + (copy if e.max is None else (e.max - e.min) * copy)
+        else:
+            raise TypeError(f"not a grammar expression: {e!r}")
+        memo[key] = (n, e)                         # keep e alive: its id stays unique
+    return memo[key][0]
+
+
 @dataclass
 class _RuleDFA:
     """A deterministic automaton for one rule: state 0 is the start."""
@@ -151,7 +219,9 @@ class _RuleDFA:
     final: list[bool]
 
 
-def _determinize(nfa: _NFA, start: int, accept: int) -> _RuleDFA:
+def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) -> _RuleDFA:
+    """Subset construction. `room`: how many states the budget has left for this rule."""
+    budget = nfa.budget
     first = nfa.closure([start])
     ids = {first: 0}
     order = [first]
@@ -179,6 +249,10 @@ def _determinize(nfa: _NFA, start: int, accept: int) -> _RuleDFA:
         final.append(accept in members)
         if len(order) > MAX_DFA_STATES:
             raise GrammarError(f"rule {nfa.rule!r} needs over {MAX_DFA_STATES} automaton states; simplify it")
+        if room is not None and len(order) > room:
+            raise LimitExceeded("max_states", budget.max_states, "the grammar's automaton grows past "
+                                f"{budget.max_states} states while rule {nfa.rule!r} is determinised")
+        budget.check()
     return _RuleDFA(byte_edges, call_edges, final)
 
 
@@ -210,10 +284,19 @@ class Automaton:
 INLINE_MAX_NODES = 400   # a rule whose (inlined) body is at most this big is copied into its callers
 
 
-def _size(e: Expr) -> int:
-    if isinstance(e, (Seq, Alt)):
-        return 1 + sum(_size(i) for i in e.items)
-    return 1 + _size(e.item) if isinstance(e, Repeat) else 1
+def _size_at_most(e: Expr, limit: int) -> bool:
+    """Does the expression tree have at most `limit` nodes? (Counting stops past the limit.)"""
+    count, todo = 0, [e]
+    while todo:
+        x = todo.pop()
+        count += 1
+        if count > limit:
+            return False
+        if isinstance(x, (Seq, Alt)):
+            todo.extend(x.items)
+        elif isinstance(x, Repeat):
+            todo.append(x.item)
+    return True
 
 
 def _substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
@@ -228,7 +311,7 @@ def _substitute(e: Expr, bodies: dict[str, Expr]) -> Expr:
     return e
 
 
-def inline_rules(grammar: Grammar) -> Grammar:
+def inline_rules(grammar: Grammar, budget: CompileBudget | None = None) -> Grammar:
     """Copy small non-recursive rules into their callers (XGrammar inlines rules too).
 
     Why it matters for masks: a token can only be settled at compile time while it stays
@@ -236,50 +319,85 @@ def inline_rules(grammar: Grammar) -> Grammar:
     `string ::= "\"" char* "\""`), every token of two or more characters has to leave `char`
     and come back, so nearly the whole vocabulary would be "uncertain" inside strings. Inlined,
     the string is one automaton and those tokens are accepted or rejected ahead of time."""
+    budget = budget or CompileBudget.unlimited()
     calls = {name: {r.name for r in refs_in(body)} for name, body in grammar.rules.items()}
+    recursive = _recursive_rules(calls)
     bodies: dict[str, Expr] = {}     # rules already inlined, by name
     done: dict[str, Expr] = {}
-
-    def visit(name: str, path: set[str]) -> None:
-        if name in done:
-            return
-        path.add(name)
-        for callee in calls[name]:
-            if callee not in path:
-                visit(callee, path)
-        path.discard(name)
-        body = _substitute(grammar.rules[name], bodies)
-        done[name] = body
-        recursive = name in _reachable(name, calls)
-        if not recursive and name != grammar.root and _size(body) <= INLINE_MAX_NODES:
+    for name in _callees_first(calls, list(grammar.rules)):
+        budget.check()
+        body = done[name] = _substitute(grammar.rules[name], bodies)
+        if name not in recursive and name != grammar.root and _size_at_most(body, INLINE_MAX_NODES):
             bodies[name] = body
-
-    for name in grammar.rules:
-        visit(name, set())
     # A rule inlined everywhere it was used is no longer needed.
     rules = {n: _substitute(done[n], bodies) for n in grammar.rules if n not in bodies}
     return Grammar(rules, grammar.root)
 
 
-def _reachable(start: str, calls: dict[str, set[str]]) -> set[str]:
-    seen, todo = set(), list(calls[start])
-    while todo:
-        r = todo.pop()
-        if r not in seen:
-            seen.add(r)
-            todo.extend(calls[r])
-    return seen
+def _callees_first(calls: dict[str, set[str]], roots: list[str]) -> list[str]:
+    """Every rule reachable from `roots`, each after the rules it calls (depth-first post-order;
+    a call back into a rule still being visited is a cycle and is skipped). A loop with its
+    own stack, so a chain of thousands of rules is fine."""
+    order: list[str] = []
+    visited: set[str] = set()
+    for root in roots:
+        if root in visited:
+            continue
+        visited.add(root)
+        stack = [(root, iter(sorted(calls[root])))]
+        while stack:
+            name, callees = stack[-1]
+            callee = next((c for c in callees if c not in visited), None)
+            if callee is None:
+                stack.pop()
+                order.append(name)
+            else:
+                visited.add(callee)
+                stack.append((callee, iter(sorted(calls[callee]))))
+    return order
 
 
-def compile_automaton(grammar: Grammar, inline: bool = True) -> Automaton:
+def _recursive_rules(calls: dict[str, set[str]]) -> set[str]:
+    """Rules that can reach themselves. Kosaraju's method: in the post-order above, the last rule
+    finished starts a strongly connected component; walking the *reversed* call graph from it
+    finds exactly its component. A rule is recursive if its component has more than one rule,
+    or it calls itself. Linear in the size of the call graph."""
+    callers: dict[str, set[str]] = {name: set() for name in calls}
+    for name, callees in calls.items():
+        for c in callees:
+            callers[c].add(name)
+    component: dict[str, int] = {}
+    for start in reversed(_callees_first(calls, list(calls))):
+        if start in component:
+            continue
+        component[start], todo = start, [start]
+        while todo:
+            for c in callers[todo.pop()]:
+                if c not in component:
+                    component[c] = start
+                    todo.append(c)
+    size: dict[str, int] = {}
+    for leader in component.values():
+        size[leader] = size.get(leader, 0) + 1
+    return {name for name in calls if size[component[name]] > 1 or name in calls[name]}
+
+
+def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudget | None = None) -> Automaton:
+    """The position tables of a grammar. With a budget: refused before anything is built if the
+    grammar needs more than max_states states, and stopped at the deadline or on cancel()."""
+    budget = budget or CompileBudget.unlimited()
     if inline:
-        grammar = inline_rules(grammar)
+        grammar = inline_rules(grammar, budget)
+    _check_size(grammar, budget)
     dfas: dict[str, _RuleDFA] = {}
+    used = 0
     for name, body in grammar.rules.items():
-        nfa = _NFA(name)
+        nfa = _NFA(name, budget)
         start, accept = nfa.new(), nfa.new()
         nfa.build(body, start, accept)
-        dfas[name] = _determinize(nfa, start, accept)
+        room = None if budget.max_states is None else budget.max_states - used
+        dfas[name] = _determinize(nfa, start, accept, room)
+        used += len(dfas[name].final)
     base, names = {}, list(dfas)
     total = 0
     for name in names:
@@ -289,6 +407,8 @@ def compile_automaton(grammar: Grammar, inline: bool = True) -> Automaton:
     for name in names:
         dfa, off = dfas[name], base[name]
         for st in range(len(dfa.final)):
+            if st & 1023 == 0:
+                budget.check()
             row = [-1] * 256
             for lo, hi, t in dfa.byte_edges[st]:
                 row[lo:hi + 1] = [off + t] * (hi - lo + 1)
@@ -299,13 +419,28 @@ def compile_automaton(grammar: Grammar, inline: bool = True) -> Automaton:
     scannable = [any(t >= 0 for t in row) for row in trans]
     pure_end = [final[p] and not scannable[p] and not calls[p] for p in range(total)]
     auto = Automaton(names, base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root])
-    check_no_left_recursion(auto)
+    check_no_left_recursion(auto, budget)
     return auto
 
 
-def check_no_left_recursion(auto: Automaton) -> None:
+def _check_size(grammar: Grammar, budget: CompileBudget) -> None:
+    """Refuse, before building anything, a rule over MAX_NFA_STATES states (always) or a grammar
+    over the budget's max_states (its automaton has about as many positions as NFA states)."""
+    memo: dict = {}
+    sizes = {name: 2 + nfa_states(body, memo) for name, body in grammar.rules.items()}
+    total = sum(sizes.values())
+    biggest = max(sizes, key=sizes.get)
+    budget.at_most("max_states", total, f"the grammar needs {total} automaton states (rule {biggest!r} "
+                   f"alone {sizes[biggest]}: long literals and repetition counts multiply)")
+    if sizes[biggest] > MAX_NFA_STATES:
+        raise GrammarError(f"rule {biggest!r} is too large to compile ({sizes[biggest]} states, over "
+                           f"{MAX_NFA_STATES}); lower its repetition counts")
+
+
+def check_no_left_recursion(auto: Automaton, budget: CompileBudget | None = None) -> None:
     """A rule that can reach itself without consuming a byte (a ::= a "x" | ...) would make the
     pushdown automaton push forever. Find such cycles and name them."""
+    budget = budget or CompileBudget.unlimited()
     start_to_rule = {p: r for r, p in auto.rule_start.items()}
 
     def reachable_without_bytes(rule: str, nullable: set[str]):
@@ -323,25 +458,29 @@ def check_no_left_recursion(auto: Automaton) -> None:
     while changed:                                 # rules that can match the empty string
         changed = False
         for r in auto.rule_names:
+            budget.check()
             if r not in nullable and any(auto.final[p] for p in reachable_without_bytes(r, nullable)):
                 nullable.add(r)
                 changed = True
-    first_calls = {r: {start_to_rule[c] for p in reachable_without_bytes(r, nullable) for c, _ in auto.calls[p]}
+    first_calls = {r: sorted({start_to_rule[c] for p in reachable_without_bytes(r, nullable) for c, _ in auto.calls[p]})
                    for r in auto.rule_names}
+    # Depth-first search for a cycle in first_calls, with its own stack (a loop, not recursion).
     state: dict[str, int] = {}                     # 1 = on the DFS path, 2 = done
-
-    def visit(r: str, path: list[str]) -> None:
-        state[r] = 1
-        for c in sorted(first_calls[r]):
-            if state.get(c) == 1:
+    for r in auto.rule_names:
+        if r in state:
+            continue
+        state[r], path, stack = 1, [r], [iter(first_calls[r])]
+        while stack:
+            c = next(stack[-1], None)
+            if c is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(c) == 1:
                 cycle = path[path.index(c):] + [c]
                 raise GrammarError("left recursion: " + " -> ".join(cycle) +
                                    " can repeat without consuming input; rewrite it with repetition "
                                    "(a ::= a \"x\" | \"y\"  becomes  a ::= \"y\" \"x\"*)")
-            if c not in state:
-                visit(c, path + [c])
-        state[r] = 2
-
-    for r in auto.rule_names:
-        if r not in state:
-            visit(r, [r])
+            elif c not in state:
+                state[c] = 1
+                path.append(c)
+                stack.append(iter(first_calls[c]))

@@ -129,11 +129,9 @@ def seq(*items: Expr) -> Expr:
 
 
 def alt(*items: Expr) -> Expr:
-    flat = []
-    for it in items:
-        for x in (it.items if isinstance(it, Alt) else (it,)):
-            if x not in flat:
-                flat.append(x)
+    # A dict drops repeated alternatives in one pass and keeps their order (a list and `in`
+    # would compare each new alternative with all earlier ones: minutes for a large enum).
+    flat = list(dict.fromkeys(x for it in items for x in (it.items if isinstance(it, Alt) else (it,))))
     if not flat:
         raise GrammarError("an alternation needs at least one alternative")
     return flat[0] if len(flat) == 1 else Alt(tuple(flat))
@@ -183,13 +181,16 @@ class Grammar:
 
 
 def refs_in(expr: Expr):
-    if isinstance(expr, Ref):
-        yield expr
-    elif isinstance(expr, (Seq, Alt)):
-        for it in expr.items:
-            yield from refs_in(it)
-    elif isinstance(expr, Repeat):
-        yield from refs_in(expr.item)
+    """Every Ref inside `expr`, left to right (a loop, not recursion: no nesting overflows it)."""
+    todo = [expr]
+    while todo:
+        e = todo.pop()
+        if isinstance(e, Ref):
+            yield e
+        elif isinstance(e, (Seq, Alt)):
+            todo.extend(reversed(e.items))
+        elif isinstance(e, Repeat):
+            todo.append(e.item)
 
 
 # ---------------------------------------------------------------- printing (EBNF, xgrammar's dialect)

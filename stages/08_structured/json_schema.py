@@ -106,7 +106,8 @@ Where the code is: json_schema_keywords.py (the errors, the keyword vocabulary a
 checks), json_schema_merge.py (flattening $ref/allOf/anyOf/oneOf into alternatives),
 json_schema_build.py (one alternative -> grammar pieces), json_schema_values.py (leaf pieces:
 integer ranges, strings, formats, patterns, the shared helper rules). This file ties them
-together: rule names, $ref rules, and the final clean-up.
+together: rule names, $ref rules, and the final clean-up. A schema from a stranger is compiled
+under a CompileBudget (budget.py): its limits are checked where each keyword is read.
 """
 from __future__ import annotations
 
@@ -115,6 +116,7 @@ import re
 from contextlib import contextmanager
 from urllib.parse import unquote
 
+from .budget import CompileBudget, recursion_guard
 from .grammar import EMPTY, Alt, Bytes, CharClass, Expr, Grammar, Ref, Repeat, Seq, refs_in
 from .json_schema_build import _Builder
 from .json_schema_keywords import (EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,
@@ -170,15 +172,26 @@ UNSUPPORTED_FEATURES = {
 }
 
 
-def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True) -> Grammar:
+def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True,
+                           budget: CompileBudget | None = None) -> Grammar:
     """Compile a JSON Schema (a dict, a bool, or JSON text) into a Grammar whose language is
-    the canonical spelling of exactly the values the schema accepts."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except json.JSONDecodeError as e:
-            raise SchemaError(f"the schema is not valid JSON: {e}") from None
-    return _Converter(schema, strict).grammar()
+    the canonical spelling of exactly the values the schema accepts.
+
+    `budget` (see budget.py) bounds the work for a schema from a stranger: the document is
+    measured first (max_depth, max_nodes, in one cheap walk), each keyword is checked where it
+    is read (max_enum_values, max_properties, max_repeat, max_integer_digits, max_depth for
+    $ref chains), and the deadline and cancel() are checked as it goes. Raises GrammarError
+    (LimitExceeded and CompileTimeout included) or CompileCancelled, never RecursionError."""
+    budget = budget or CompileBudget.unlimited()
+    with recursion_guard("the schema"):
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as e:  # JSONDecodeError, or an integer too long to read
+                raise SchemaError(f"the schema is not valid JSON: {e}") from None
+        budget.check()
+        budget.check_document(schema)
+        return _Converter(schema, strict, budget).grammar()
 
 
 def _trivial(expr: Expr) -> bool:
@@ -194,8 +207,9 @@ class _Converter(_Flattener, _Builder):
     """One schema document -> one Grammar. Flattening comes from _Flattener, the grammar pieces
     from _Builder; here: rule names, $ref rules and the final clean-up."""
 
-    def __init__(self, document, strict: bool):
-        self.doc, self.strict = document, strict
+    def __init__(self, document, strict: bool, budget: CompileBudget):
+        self.doc, self.strict, self.budget = document, strict, budget
+        self.depth = 0                            # sub-schemas being compiled, one inside another
         self.rules: dict[str, Expr | None] = {}   # None while a $ref rule is being built
         self.ref_names: dict[str, str] = {}       # pointer -> rule name
         self.unguarded: list[str] = []            # $ref rules entered since the last { or [
@@ -204,7 +218,7 @@ class _Converter(_Flattener, _Builder):
 
     def grammar(self) -> Grammar:
         self.ref_rule("#")
-        productive = self._productive(self.rules)
+        productive = self._productive(self.rules, self.budget)
         if "root" not in productive:
             raise EmptySchemaError("the schema accepts no JSON value (schema false, or "
                                    "contradictory keywords)")
@@ -257,6 +271,20 @@ class _Converter(_Flattener, _Builder):
         return name
 
     @contextmanager
+    def nested(self, where: str):
+        """One level deeper: a sub-schema, a combinator's branch or a $ref target is being
+        compiled inside another. The document's own depth was checked up front; this also
+        counts $ref targets, so a chain of references cannot nest without limit either."""
+        self.depth += 1
+        try:
+            self.budget.at_most("max_depth", self.depth, f"the schema nests {self.depth} levels deep at "
+                                f"{where} (sub-schemas, allOf/anyOf/oneOf and $ref targets, one inside another)")
+            self.budget.check()
+            yield
+        finally:
+            self.depth -= 1
+
+    @contextmanager
     def guarded(self):
         """Inside an object or array a $ref may recurse: the output has grown by then."""
         saved, self.unguarded = self.unguarded, []
@@ -281,13 +309,14 @@ class _Converter(_Flattener, _Builder):
         seen, todo = set(), [root]
         while todo:
             name = todo.pop()
+            self.budget.check()
             if name not in seen:
                 seen.add(name)
                 todo.extend(r.name for r in refs_in(self.rules[name]))
         return seen
 
     @staticmethod
-    def _productive(rules: dict) -> set[str]:
+    def _productive(rules: dict, budget: CompileBudget) -> set[str]:
         """Rules that can produce at least one string (fixpoint)."""
         good: set[str] = set()
 
@@ -308,6 +337,7 @@ class _Converter(_Flattener, _Builder):
         while changed:
             changed = False
             for name, body in rules.items():
+                budget.check()
                 if name not in good and can(body):
                     good.add(name)
                     changed = True

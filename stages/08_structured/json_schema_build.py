@@ -5,24 +5,26 @@ from __future__ import annotations
 
 import json
 
+from .budget import LimitExceeded
 from .grammar import EMPTY, Expr, GrammarError, Ref, alt, lit, repeat, star
 from .json_schema_keywords import BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, canonical_json
 from .json_schema_merge import _Flat, _int_bounds
-from .json_schema_values import (FORMATS, NEVER, PLAIN, _alt, _class_minus, _ends_with_anchor, _has_surrogate,
-                                 _in_class, _json_safe, _PendingRule, _repeat, _safe_escape, _seq,
-                                 _top_level_alternatives, integer_range, matches)
+from .json_schema_values import (FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus, _ends_with_anchor,
+                                 _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat, _safe_escape, _seq,
+                                 _top_level_alternatives, digit_count, integer_range, matches)
 from .regex_parser import parse_regex
 
 
 class _Builder:
     """The building half of json_schema._Converter (a mixin). It uses the converter's `strict`,
-    `rules`, `helper`, `named`, `ref_rule`, `guarded` and `flats_of`."""
+    `rules`, `budget`, `helper`, `named`, `ref_rule`, `guarded`, `nested` and `flats_of`."""
 
     def convert(self, conj, hint: str) -> Expr:
         """A list of (schema, pointer) that must all hold -> one expression."""
-        if len(conj) == 1 and conj[0][0] is True:
-            return self.helper("value")
-        return _alt(*(self.flat_expr(f, hint) for f in self.flats_of(conj)))
+        with self.nested(conj[0][1] if conj else hint):  # counts towards max_depth
+            if len(conj) == 1 and conj[0][0] is True:
+                return self.helper("value")
+            return _alt(*(self.flat_expr(f, hint) for f in self.flats_of(conj)))
 
     def flat_expr(self, f: _Flat, hint: str) -> Expr:
         if f.ref is not None:
@@ -46,6 +48,7 @@ class _Builder:
         check = self.flat_expr(rest, hint) if rest.kw else None
         kept = []
         for value in f.kw["enum"]:
+            self.budget.check()
             text = canonical_json(value)
             try:
                 literal = lit(text)
@@ -69,6 +72,11 @@ class _Builder:
 
     def integer_expr(self, f: _Flat) -> Expr:
         lo, hi = _int_bounds(f.kw)
+        for bound in (lo, hi):
+            if bound is not None and digit_count(bound) > MAX_DIGITS:
+                key = next(k for k in BOUNDS if k in f.kw)
+                raise UnsupportedSchemaError(key, f.where[key], f"an integer bound of {digit_count(bound)} "
+                                             f"digits (at most {MAX_DIGITS})")
         return self.helper("integer") if lo is None and hi is None else integer_range(lo, hi)
 
     def string_expr(self, f: _Flat, hint: str) -> Expr:
@@ -102,7 +110,9 @@ class _Builder:
         options = []
         for branch in _top_level_alternatives(pattern):
             try:
-                body = _json_safe(parse_regex(branch))
+                body = _json_safe(parse_regex(branch, budget=self.budget))
+            except LimitExceeded:
+                raise                                  # a limit of this server, not of the schema
             except GrammarError as e:
                 raise UnsupportedSchemaError("pattern", where, str(e)) from None
             starts, ends = branch.startswith("^"), _ends_with_anchor(branch)
@@ -126,20 +136,24 @@ class _Builder:
             heads = [self.convert(c, f"{hint}_{j}") for j, c in enumerate(prefix[:hi])]
             item = self.convert(items, f"{hint}_item") if items else self.helper("value")
 
-        def tail(j: int) -> Expr:  # items from position j on, j items already written
-            sep = lit(", ") if j else EMPTY
-            if j < len(heads):
-                this = _seq(sep, heads[j], tail(j + 1))
-                return _alt(EMPTY, this) if j >= lo else this
-            need, room = max(lo - j, 0), None if hi is None else hi - j
-            if j or room == 0:
-                return _repeat(_seq(sep, item), need, room)
+        # The items from position j on, with j items already written: built back to front, from
+        # the repeated items after the prefix down to position 0. Past the first few positions
+        # each piece is a rule of its own, so a long prefixItems does not nest ever deeper.
+        j = len(heads)
+        need, room = max(lo - j, 0), None if hi is None else hi - j
+        if j or room == 0:
+            rest = _repeat(_seq(lit(", ") if j else EMPTY, item), need, room)
+        else:
             shared = self.named(f"{hint}_item", item) if item != NEVER else NEVER
             first = _seq(shared, _repeat(_seq(lit(", "), shared), max(need - 1, 0),
                                          None if room is None else room - 1))
-            return first if need else _repeat(first, 0, 1)
-
-        return _seq(lit("["), tail(0), lit("]"))
+            rest = first if need else _repeat(first, 0, 1)
+        for j in reversed(range(len(heads))):
+            if j % 8 == 7:
+                rest = self.named(f"{hint}_from{j + 1}", rest)
+            this = _seq(lit(", ") if j else EMPTY, heads[j], rest)
+            rest = _alt(EMPTY, this) if j >= lo else this
+        return _seq(lit("["), rest, lit("]"))
 
     def object_expr(self, f: _Flat, hint: str) -> Expr:
         props, required = f.kw.get("properties", {}), f.kw.get("required", [])
@@ -202,12 +216,25 @@ class _Builder:
                 for c in name:
                     node = node.setdefault(c, {})
                 node[None] = True  # a declared name ends here
-        return self.named(f"{hint}_key", _seq(lit('"'), self.trie_expr(trie, key_char, escape), lit('"')))
+        return self.named(f"{hint}_key", _seq(lit('"'), self.trie_expr(trie, key_char, escape, hint), lit('"')))
 
-    def trie_expr(self, node: dict, key_char: Expr, escape: Expr) -> Expr:
-        inside = sorted(c for c in node if c is not None)
-        options = [] if None in node else [EMPTY]
-        options += [_seq(lit(c), self.trie_expr(node[c], key_char, escape)) for c in inside]
-        leave = _alt(_class_minus(PLAIN, [ord(c) for c in inside]), _seq(lit("\\"), escape))
-        options.append(_seq(leave, star(key_char)))
-        return _alt(*options)
+    def trie_expr(self, trie: dict, key_char: Expr, escape: Expr, hint: str) -> Expr:
+        """The rest of a key from a trie node on: stop (unless a declared name ends there), write
+        the node's next letter, or leave the trie and write any key characters. Built children
+        first with a loop (a name may be thousands of letters long), and every 16 letters a rule
+        of its own, so that the expression does not nest as deep as the longest name."""
+        order, todo = [], [(trie, 0)]
+        while todo:                                 # every node, each parent before its children
+            node, depth = todo.pop()
+            order.append((node, depth))
+            todo.extend((node[c], depth + 1) for c in node if c is not None)
+        built: dict[int, Expr] = {}
+        for node, depth in reversed(order):         # each child before its parent
+            inside = sorted(c for c in node if c is not None)
+            options = [] if None in node else [EMPTY]
+            options += [_seq(lit(c), built.pop(id(node[c]))) for c in inside]
+            leave = _alt(_class_minus(PLAIN, [ord(c) for c in inside]), _seq(lit("\\"), escape))
+            options.append(_seq(leave, star(key_char)))
+            expr = _alt(*options)
+            built[id(node)] = self.named(f"{hint}_key{depth}", expr) if depth % 16 == 15 else expr
+        return built[id(trie)]

@@ -73,8 +73,12 @@ def _json_type(value) -> str:
 
 def _same_json(a, b) -> bool:
     """JSON equality: 1 == 1.0, but true != 1 and key order does not matter."""
-    return json.dumps(_integral_floats_as_ints(a), sort_keys=True) == \
-        json.dumps(_integral_floats_as_ints(b), sort_keys=True)
+    return json_key(a) == json_key(b)
+
+
+def json_key(value) -> str:
+    """A string that is equal for exactly the JSON-equal values (for sets and dicts)."""
+    return json.dumps(_integral_floats_as_ints(value), sort_keys=True)
 
 
 # ------------------------------------------------------------------ checking one schema object

@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from .json_schema_keywords import (TYPES, VALUE_KEYWORDS, UnsupportedSchemaError, _json_type, _same_json,
-                                   canonical_json, check_schema)
-from .json_schema_values import _NEEDS_ESCAPE, _PendingRule, matches
+from .json_schema_keywords import (BOUNDS, TYPES, VALUE_KEYWORDS, UnsupportedSchemaError, _json_type, _same_json,
+                                   canonical_json, check_schema, json_key)
+from .json_schema_values import _NEEDS_ESCAPE, _PendingRule, digit_count, matches
 
 MAX_ALTERNATIVES = 64  # anyOf x anyOf x ... beyond this is refused rather than built
 
@@ -30,40 +30,41 @@ class _Flat:
 
 class _Flattener:
     """The flattening half of json_schema._Converter (a mixin). It uses the converter's `strict`,
-    `checked`, `inlining`, `rules`, `resolve` and `flat_expr`."""
+    `checked`, `inlining`, `rules`, `budget`, `nested`, `resolve` and `flat_expr`."""
 
     # -------------------------------------------------------------- flattening (DNF)
     def dnf(self, schema, path: str) -> list[_Flat]:
         """The schema as a list of alternatives, each a plain conjunction of keywords."""
-        if schema is True:
-            return [_Flat()]
-        if schema is False:
-            return []
-        check_schema(schema, path, self.checked)
-        flats = [self.own(schema, path)]
-        if "$ref" in schema:
-            flats = self.conjoin(flats, [_Flat(ref=self.pointer_of(schema["$ref"], path))])
-        if isinstance(schema.get("if"), bool):  # a constant condition picks its branch
-            branch = "then" if schema["if"] else "else"
-            if branch in schema:
-                flats = self.conjoin(flats, self.dnf(schema[branch], f"{path}/{branch}"))
-        for i, sub in enumerate(schema.get("allOf", ())):
-            flats = self.conjoin(flats, self.dnf(sub, f"{path}/allOf/{i}"))
-        if "anyOf" in schema:
-            flats = self.conjoin(flats, [f for i, sub in enumerate(schema["anyOf"])
-                                         for f in self.dnf(sub, f"{path}/anyOf/{i}")])
-        if "oneOf" in schema:  # branches only need to be disjoint within what the rest allows
-            branches = [self.conjoin(flats, self.dnf(sub, f"{path}/oneOf/{i}"))
-                        for i, sub in enumerate(schema["oneOf"])]
-            for i in range(len(branches)):
-                for j in range(i):
-                    if not all(self.disjoint(a, b) for a in branches[i] for b in branches[j]):
-                        raise UnsupportedSchemaError("oneOf", path, f"branches {j} and {i} may both "
-                                                     "match a value (anyOf would be looser)")
-            flats = [f for branch in branches for f in branch]
-        if len(flats) > MAX_ALTERNATIVES:
-            raise UnsupportedSchemaError("anyOf", path, f"more than {MAX_ALTERNATIVES} combinations")
-        return flats
+        with self.nested(path):  # counts towards max_depth, checks the deadline
+            if schema is True:
+                return [_Flat()]
+            if schema is False:
+                return []
+            check_schema(schema, path, self.checked)
+            flats = [self.own(schema, path)]
+            if "$ref" in schema:
+                flats = self.conjoin(flats, [_Flat(ref=self.pointer_of(schema["$ref"], path))], path)
+            if isinstance(schema.get("if"), bool):  # a constant condition picks its branch
+                branch = "then" if schema["if"] else "else"
+                if branch in schema:
+                    flats = self.conjoin(flats, self.dnf(schema[branch], f"{path}/{branch}"), path)
+            for i, sub in enumerate(schema.get("allOf", ())):
+                flats = self.conjoin(flats, self.dnf(sub, f"{path}/allOf/{i}"), path)
+            if "anyOf" in schema:
+                flats = self.conjoin(flats, [f for i, sub in enumerate(schema["anyOf"])
+                                             for f in self.dnf(sub, f"{path}/anyOf/{i}")], path)
+            if "oneOf" in schema:  # branches only need to be disjoint within what the rest allows
+                branches = [self.conjoin(flats, self.dnf(sub, f"{path}/oneOf/{i}"), path)
+                            for i, sub in enumerate(schema["oneOf"])]
+                for i in range(len(branches)):
+                    for j in range(i):
+                        if not all(self.disjoint(a, b) for a in branches[i] for b in branches[j]):
+                            raise UnsupportedSchemaError("oneOf", path, f"branches {j} and {i} may both "
+                                                         "match a value (anyOf would be looser)")
+                flats = [f for branch in branches for f in branch]
+            if len(flats) > MAX_ALTERNATIVES:
+                raise UnsupportedSchemaError("anyOf", path, f"more than {MAX_ALTERNATIVES} combinations")
+            return flats
 
     def pointer_of(self, ref, path: str) -> str:
         self.resolve(ref, path)  # raises for remote refs, anchors and dangling pointers
@@ -71,6 +72,7 @@ class _Flattener:
 
     def own(self, schema: dict, path: str) -> _Flat:
         """The schema's own plain keywords, with sub-schemas as (schema, pointer) lists."""
+        self.within_budget(schema, path)
         kw = {}
         for key in VALUE_KEYWORDS:
             if key not in schema or key in ("enum", "const") or (key == "format" and not self.strict):
@@ -93,12 +95,36 @@ class _Flattener:
             kw["enum"] = [v for v in values if "const" not in schema or _same_json(v, schema["const"])]
         return _Flat(kw, {k: path for k in kw})
 
-    def conjoin(self, left: list[_Flat], right: list[_Flat]) -> list[_Flat]:
+    def within_budget(self, schema: dict, path: str) -> None:
+        """The size limits of one schema object's keywords, checked where they are read, before
+        any grammar is built from them (see budget.py)."""
+        at_most = self.budget.at_most
+        if "enum" in schema:
+            at_most("max_enum_values", len(schema["enum"]), f"the enum at {path} has {len(schema['enum'])} values")
+        for key, what in (("properties", "declares {} properties"), ("required", "requires {} properties"),
+                          ("prefixItems", "lists {} prefixItems")):
+            if key in schema:
+                at_most("max_properties", len(schema[key]), f"the schema at {path} " + what.format(len(schema[key])))
+        for key in ("minLength", "maxLength", "minItems", "maxItems"):
+            if key in schema:
+                at_most("max_repeat", int(schema[key]), f"{key} is {int(schema[key])} at {path}")
+        for key in BOUNDS:
+            if key in schema:
+                digits = digit_count(schema[key])
+                at_most("max_integer_digits", digits, f"{key} at {path} has {digits} digits")
+
+    def conjoin(self, left: list[_Flat], right: list[_Flat], where: str = "#") -> list[_Flat]:
         out = []
         for a in left:
+            self.budget.check()  # anyOf x anyOf x ... multiplies
             for b in right:
                 merged = self.merge(a, b)
                 out.extend(merged)
+            # Later keywords may still rule most combinations out, so only the final list must
+            # fit MAX_ALTERNATIVES; but one this large on the way there is refused at once.
+            if len(out) > MAX_ALTERNATIVES ** 2:
+                raise UnsupportedSchemaError("anyOf", where, f"more than {MAX_ALTERNATIVES ** 2} "
+                                             "combinations while combining allOf/anyOf/oneOf/$ref")
         return out
 
     def merge(self, a: _Flat, b: _Flat) -> list[_Flat]:
@@ -159,7 +185,7 @@ class _Flattener:
     def flats_of(self, conj) -> list[_Flat]:
         flats = [_Flat()]
         for schema, path in conj:
-            flats = self.conjoin(flats, self.dnf(schema, path))
+            flats = self.conjoin(flats, self.dnf(schema, path), path)
         return flats
 
     # -------------------------------------------------------------- oneOf: can two branches overlap?
@@ -175,6 +201,8 @@ class _Flattener:
         tf, tg = _types_of(f), _types_of(g)
         if not _widen(tf) & _widen(tg):
             return True
+        if "enum" in f.kw and "enum" in g.kw:      # two lists of values: compare them as sets
+            return not {json_key(v) for v in f.kw["enum"]} & {json_key(v) for v in g.kw["enum"]}
         for a, b in ((f, g), (g, f)):
             if "enum" in a.kw and all(self.excludes(b, v) for v in a.kw["enum"]):
                 return True
@@ -195,6 +223,7 @@ class _Flattener:
         """Provably, `value` does not satisfy f. Our grammars are exact for the canonical spelling
         of numbers, booleans, null and plain strings, but stricter than the schema for some
         objects (property order), strings with a pattern (escapes) or a format: no proof there."""
+        self.budget.check()  # called once per enum value per pair of oneOf branches
         kind = _json_type(value)
         types = f.kw.get("type", frozenset(TYPES))
         if kind not in types and not (kind == "integer" and "number" in types):
@@ -243,7 +272,8 @@ def _combine(key: str, x, y, where: str):
     if key == "type":
         return _intersect_types(x, y) or None
     if key == "enum":
-        return [v for v in x if any(_same_json(v, w) for w in y)]  # [] is fine: nothing left
+        in_y = {json_key(w) for w in y}
+        return [v for v in x if json_key(v) in in_y]  # [] is fine: nothing left
     if key == "required":
         return list(dict.fromkeys([*x, *y]))
     if key in ("minItems", "minLength", "minimum", "exclusiveMinimum"):

@@ -55,6 +55,15 @@ def _class_minus(cls: CharClass, points) -> Expr:
 
 
 # ------------------------------------------------------------------ integers in a range
+MAX_DIGITS = 1000  # beyond this a bound is refused even without a budget (str() refuses 4300)
+
+
+def digit_count(number: float) -> int:
+    """Decimal digits of a number's integer part, without writing out a huge integer."""
+    n = abs(int(number))
+    return len(str(n)) if n.bit_length() <= 4 * MAX_DIGITS else int(n.bit_length() * 0.30103) + 1
+
+
 def integer_range(lo: int | None, hi: int | None) -> Expr:
     """Exactly the canonical spellings of the integers in [lo, hi] (None = unbounded)."""
     if lo is not None and hi is not None and lo > hi:

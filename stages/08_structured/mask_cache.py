@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .budget import CompileBudget
 from .pda import DEAD, PDA, UNKNOWN
 from .vocab import TokenizerInfo
 
@@ -74,14 +75,15 @@ class PositionMask:
             mask |= np.unpackbits(self.data, count=mask.size, bitorder="little").view(bool)
 
 
-def classify_position(pda: PDA, pos: int, vocab: VocabMatrix) -> PositionMask:
+def classify_position(pda: PDA, pos: int, vocab: VocabMatrix, budget: CompileBudget | None = None) -> PositionMask:
     """Feed every token, from a stack holding only `pos` over an unknown bottom, byte by byte.
 
     All tokens advance together, one byte column at a time. Tokens that are in the same
     automaton state and read the same byte share one step, so only the distinct (state, byte)
     pairs of a column, usually a few dozen, are stepped in Python. (This is the sharing a token
     trie gives: tokens with a common prefix are in the same state.) The first byte is special:
-    every token starts in the same state, so whole first-byte groups live or die together."""
+    every token starts in the same state, so whole first-byte groups live or die together.
+    `budget`, if given, is checked once per byte column (its deadline, its cancel())."""
     n = len(vocab)
     verdict = np.zeros(n, dtype=np.int8)            # 0 rejected, 1 accepted, 2 uncertain
     start = pda.state([pda.node(pos, UNKNOWN)])
@@ -104,6 +106,8 @@ def classify_position(pda: PDA, pos: int, vocab: VocabMatrix) -> PositionMask:
         alive = alive[~done]
         if not alive.size:
             break
+        if budget is not None:
+            budget.check()
         keys = state[alive] << 8 | vocab.bytes[alive, depth]
         present = np.zeros(len(states) << 8, dtype=bool)
         present[keys] = True

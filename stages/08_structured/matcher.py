@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .automaton import Automaton, compile_automaton
+from .budget import CompileBudget, recursion_guard
 from .grammar import Grammar
 from .mask_cache import PositionMask, VocabMatrix, classify_position
 from .pda import DEAD, END, PDA
@@ -53,17 +54,25 @@ class CompiledGrammar:
 
 
 def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True,
-                    inline: bool = True) -> CompiledGrammar:
+                    inline: bool = True, *, budget: CompileBudget | None = None) -> CompiledGrammar:
     """Build the automaton and (by default) every position's context-independent mask now,
     before any request needs them; precompute=False fills them lazily on first use.
-    inline=False keeps every rule separate (to see what inlining buys)."""
+    inline=False keeps every rule separate (to see what inlining buys).
+
+    `budget` bounds this call: the automaton's size (max_states, checked before it is built),
+    and the deadline and cancel() for everything done here, mask precomputation included.
+    Masks filled lazily later, at generation time, are outside it. Raises LimitExceeded /
+    CompileTimeout (GrammarErrors) or CompileCancelled; never RecursionError."""
     t0 = time.perf_counter()
-    auto = compile_automaton(grammar, inline=inline)
-    compiled = CompiledGrammar(grammar, info, auto, PDA(auto), vocab_matrix(info))
-    if precompute:
-        for pos in range(auto.num_positions):
-            if auto.scannable[pos]:
-                compiled.position_mask(pos)
+    budget = budget or CompileBudget.unlimited()
+    with recursion_guard("the grammar"):
+        auto = compile_automaton(grammar, inline=inline, budget=budget)
+        compiled = CompiledGrammar(grammar, info, auto, PDA(auto), vocab_matrix(info))
+        if precompute:
+            for pos in range(auto.num_positions):
+                if auto.scannable[pos]:
+                    budget.check()
+                    compiled.masks[pos] = classify_position(compiled.pda, pos, compiled.vocab, budget)
     compiled.compile_seconds = time.perf_counter() - t0
     return compiled
 

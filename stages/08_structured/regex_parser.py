@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 
+from .budget import CompileBudget, recursion_guard
 from .grammar import Bytes, CharClass, Expr, Grammar, GrammarError, alt, lit, repeat, seq
 
 __all__ = ["parse_regex", "regex_to_grammar"]
@@ -42,6 +43,7 @@ _CLASS_ESCAPES = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
 _CHAR_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
 _ANY_BUT_NEWLINE = CharClass.of([(ord("\n"), ord("\n"))], negated=True)
 _BOUNDS = re.compile(r"\{([0-9]+)(,([0-9]*))?\}")
+_PLAIN_RUN = re.compile(r"[^\\^$.|?*+()\[\]{}]+")  # characters that stand for themselves
 _GROUP_NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)>")
 # (?X... openings that are not plain or named groups: what they are, for the error message
 _UNSUPPORTED_GROUPS = [("(?=", "lookahead (?=...)"), ("(?!", "negative lookahead (?!...)"),
@@ -55,21 +57,25 @@ _UNSUPPORTED_ESCAPES = {"b": "word boundary \\b", "B": "non-boundary \\B", "A": 
                         "c": "control escape \\cX", "U": "escape \\U (Python only)"}
 
 
-def parse_regex(pattern: str) -> Expr:
-    """The grammar expression matching exactly the strings that `pattern` fully matches."""
-    return _RegexParser(pattern).parse()
+def parse_regex(pattern: str, budget: CompileBudget | None = None) -> Expr:
+    """The grammar expression matching exactly the strings that `pattern` fully matches.
+    `budget`: groups may nest at most max_depth deep, counts {m,n} go up to max_repeat."""
+    with recursion_guard(f"the regex {pattern[:40]!r}"):
+        return _RegexParser(pattern, budget or CompileBudget.unlimited()).parse()
 
 
-def regex_to_grammar(pattern: str) -> Grammar:
+def regex_to_grammar(pattern: str, budget: CompileBudget | None = None) -> Grammar:
     """A one-rule grammar (`root`) for `pattern` with full-match semantics."""
-    return Grammar({"root": parse_regex(pattern)})
+    return Grammar({"root": parse_regex(pattern, budget)})
 
 
 class _RegexParser:
-    def __init__(self, pattern: str):
+    def __init__(self, pattern: str, budget: CompileBudget):
         self.p = pattern
         self.pos = 0
         self.group_names: set[str] = set()
+        self.budget = budget
+        self.depth = 0  # groups open around the current position
 
     def error(self, message: str, pos: int | None = None) -> GrammarError:
         pos = self.pos if pos is None else pos
@@ -96,18 +102,43 @@ class _RegexParser:
 
     def sequence(self) -> Expr:
         items: list[Expr] = []
+        text = bytearray()  # adjacent literals "a" "b" -> "ab": smaller automata
         while self.peek() not in ("", "|", ")"):
+            self.budget.check()
             if self.peek() == "$":
                 if self.pos != len(self.p) - 1:
                     raise self.error("'$' is only supported at the very end of the pattern")
                 self.pos += 1
                 continue
+            run = self.literal_run()
+            if run:
+                text += run
+                continue
             item = self.quantified()
-            if items and isinstance(item, Bytes) and isinstance(items[-1], Bytes):
-                items[-1] = Bytes(items[-1].value + item.value)  # "a" "b" -> "ab": smaller automata
-            else:
-                items.append(item)
+            if isinstance(item, Bytes):
+                text += item.value
+                continue
+            if text:
+                items.append(Bytes(bytes(text)))
+                text.clear()
+            items.append(item)
+        if text:
+            items.append(Bytes(bytes(text)))
         return seq(*items)
+
+    def literal_run(self) -> bytes:
+        """Plain characters up to the next metacharacter, in one step (a pattern may be a long
+        literal). The last one is left for quantified() if a quantifier follows it."""
+        m = _PLAIN_RUN.match(self.p, self.pos)
+        if not m:
+            return b""
+        end = m.end() - (m.end() < len(self.p) and self.p[m.end()] in "*+?{")
+        try:
+            run = self.p[self.pos:end].encode()
+        except UnicodeEncodeError:  # a lone surrogate: quantified() reports where
+            return b""
+        self.pos = end
+        return run
 
     def quantified(self) -> Expr:
         item = self.atom()
@@ -132,8 +163,12 @@ class _RegexParser:
             m = _BOUNDS.match(self.p, self.pos)
             if not m:
                 raise self.error("'{' is not a valid quantifier {m}, {m,} or {m,n}; write \\{ for a literal brace")
+            if max(len(m.group(1)), len(m.group(3) or "")) > 9:  # Python's re stops at 4294967295
+                raise self.error(f"repetition count in {m.group()[:30]} is too large")
             lo = int(m.group(1))
             hi = lo if m.group(2) is None else int(m.group(3)) if m.group(3) else None
+            self.budget.at_most("max_repeat", max(lo, hi or 0),
+                                f"the regex {self.p[:40]!r} repeats {max(lo, hi or 0)} times at position {self.pos}")
             if hi is not None and hi < lo:
                 raise self.error(f"bad repetition bounds {m.group()}: the minimum exceeds the maximum")
             bounds, end = (lo, hi), m.end()
@@ -174,12 +209,16 @@ class _RegexParser:
     def group(self) -> Expr:
         start = self.pos
         self.pos += 1
+        self.depth += 1
+        self.budget.at_most("max_depth", self.depth, f"the regex {self.p[:40]!r} nests groups "
+                            f"{self.depth} deep at position {start}")
         if self.peek() == "?":
             self.group_prefix(start)
         inner = self.alternation()
         if self.peek() != ")":
             raise self.error(f"missing ')' to close the group opened at position {start}")
         self.pos += 1
+        self.depth -= 1
         return inner
 
     def group_prefix(self, start: int) -> None:

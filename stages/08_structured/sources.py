@@ -16,7 +16,7 @@ def grammar_from_json_schema(source: str | Path, strict: bool = True) -> Grammar
         text = _read(source, "JSON schema")
     try:
         schema = json.loads(text)
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or an integer too long to read
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
     return json_schema_to_grammar(schema, strict=strict)
 

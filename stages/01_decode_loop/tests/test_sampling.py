@@ -10,6 +10,8 @@ import torch
 
 from course.s01_decode_loop.sampling import (
     Sampler,
+    SEED_MAX,
+    SEED_MIN,
     SamplingParams,
     apply_min_p,
     apply_presence_frequency_penalty,
@@ -426,3 +428,16 @@ def test_sequence_attaches_logprobs_only_when_asked(byte_tok):
     assert asked.logprob == pytest.approx(asked.top_logprobs[0][1])
     plain = Sequence([5], SamplingParams(temperature=0), byte_tok).sample_and_append(logits)
     assert plain.logprob is None and plain.top_logprobs is None
+
+
+@pytest.mark.parametrize("seed", [SEED_MIN, -1, 0, SEED_MAX])
+def test_sampling_params_seed_edges_sample(seed, byte_tok):
+    """Every seed SamplingParams accepts can seed a generator: nothing fails later, at sampling."""
+    seq = Sequence([5], SamplingParams(temperature=1.0, seed=seed), byte_tok)
+    assert 0 <= seq.sample_and_append(torch.randn(len(byte_tok))).token_id < len(byte_tok)
+
+
+@pytest.mark.parametrize("seed", [SEED_MAX + 1, SEED_MIN - 1, 10**30])
+def test_sampling_params_refuses_seeds_a_generator_cannot_take(seed):
+    with pytest.raises(ValueError, match="seed must be an integer in"):
+        SamplingParams(seed=seed)

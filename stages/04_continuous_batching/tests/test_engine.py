@@ -78,6 +78,31 @@ def test_batching_abort_frees_blocks_at_once(byte_tok):
     assert engine.blocks.num_free_blocks == 40 and not engine.blocks.tables
 
 
+def test_batching_one_failing_request_fails_alone(byte_tok):
+    """A request whose sampling raises (here a broken logits processor) ends with "error" and
+    its blocks freed; the requests batched beside it finish exactly as they would alone."""
+    model = tiny_model("gqa_tied")
+
+    def broken(output_ids, logits):
+        if len(output_ids) == 3:
+            raise RuntimeError("processor bug")
+        return logits
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=4))
+    bad_params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True, logits_processors=[broken])
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts()[:3], [greedy(12), bad_params, greedy(9)])]
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    failed = [o for o in outputs if o.error is not None]
+    assert [o.request_id for o in failed] == [ids[1]] and "processor bug" in str(failed[0].error)
+    assert engine.requests[ids[1]].finish_reason == "error"
+    for rid, prompt, n in ((ids[0], prompts()[0], 12), (ids[2], prompts()[2], 9)):
+        assert engine.requests[rid].seq.output_ids == alone(model, byte_tok, prompt, greedy(n))
+    assert engine.blocks.num_free_blocks == 64 and not engine.blocks.tables
+    with pytest.raises(RuntimeError, match="processor bug"):  # offline generate() reports it
+        LLMEngine(model, byte_tok).generate([prompts()[0]], bad_params)
+
+
 def test_batching_token_budget_and_chunked_prefill_schedule(byte_tok):
     model = tiny_model("gqa_tied")
     budget = 8

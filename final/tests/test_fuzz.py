@@ -1,0 +1,31 @@
+"""The fuzzer (course.final.fuzz) against a live tiny server: the table of hostile bodies and a
+bounded number of generated ones. `python -m course.final.fuzz --cases N` runs more."""
+import httpx
+
+from course.final.fuzz import FuzzReport, check_case, run_fuzz
+from course.final.testing import live_server, tiny_engine
+
+
+def test_fuzz_hostile_table_and_generated_bodies_never_5xx_or_hang(byte_tok):
+    with live_server(tiny_engine(byte_tok, max_waiting=8), byte_tok) as url:
+        report = run_fuzz(url, cases=150, seed=13, deadline_s=60)
+    assert report.ok(), report.summary() + "\n" + "\n".join(report.violations[:20])
+    assert report.cases > 230 and report.statuses.get(200, 0) > 10 and report.statuses.get(400, 0) > 100
+
+
+def test_fuzz_checks_would_catch_a_bad_server(byte_tok):
+    """The fuzzer is not vacuous: a 5xx, an error outside OpenAI's shape and a hang are caught."""
+    def app(request: httpx.Request) -> httpx.Response:
+        body = request.content
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        if body == b"crash":
+            return httpx.Response(500, json={"error": {"message": "boom", "type": "x", "code": 500}})
+        if body == b"detail":
+            return httpx.Response(400, json={"detail": "bad"})
+        raise httpx.ReadTimeout("no answer")
+    report = FuzzReport()
+    with httpx.Client(base_url="http://fake", transport=httpx.MockTransport(app)) as http:
+        for body in (b"crash", b"detail", b"hang"):
+            check_case(http, body.decode(), "/v1/completions", body, report, deadline_s=1)
+    assert (report.server_errors, report.hangs, len(report.violations)) == (1, 1, 3)
