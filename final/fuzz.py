@@ -332,24 +332,29 @@ def run_fuzz(url: str, cases: int = 300, seed: int = 0, deadline_s: float = 60.0
     return report
 
 
-async def measure_overload(url: str, requests: int, max_tokens: int = 32) -> dict:
-    """Send `requests` completions at once (more than the server queues) and time each answer:
-    how fast a refused request hears 429 while the engine is saturated."""
+async def measure_overload(url: str, requests: int, max_tokens: int = 32, probes: int = 20) -> dict:
+    """Send `requests` completions at once (more than the server queues) and time each answer,
+    then, while the engine is still saturated, `probes` single requests one after another: how
+    fast a refused request hears 429 inside a burst, and on its own."""
     async with httpx.AsyncClient(base_url=url, timeout=600,
-                                 limits=httpx.Limits(max_connections=requests)) as http:
+                                 limits=httpx.Limits(max_connections=requests + 1)) as http:
         async def one(i: int) -> tuple[int, float]:
             start = time.perf_counter()
             r = await http.post(COMPLETIONS, json={"prompt": f"Count to ten, attempt {i}:", "max_tokens": max_tokens,
                                                    "ignore_eos": True})
             return r.status_code, time.perf_counter() - start
-        results = await asyncio.gather(*(one(i) for i in range(requests)))
-    refused = sorted(t for status, t in results if status == 429)
+        burst = asyncio.gather(*(one(i) for i in range(requests)))
+        await asyncio.sleep(0.5)  # let the burst fill the queue
+        alone = [await one(requests + i) for i in range(probes)]
+        results = await burst
 
-    def pct(q: float) -> float | None:
-        return 1000 * refused[min(len(refused) - 1, int(q * len(refused)))] if refused else None
-    return {"requests": requests, "ok": sum(s == 200 for s, _ in results), "429": len(refused),
-            "other": sum(s not in (200, 429) for s, _ in results), "429_p50_ms": pct(0.5), "429_p99_ms": pct(0.99),
-            "429_max_ms": 1000 * refused[-1] if refused else None}
+    def stats(prefix: str, answers: list[tuple[int, float]]) -> dict:
+        refused = sorted(1000 * t for status, t in answers if status == 429)
+        pct = (lambda q: round(refused[min(len(refused) - 1, int(q * len(refused)))], 1)) if refused else None
+        return {f"{prefix}_ok": sum(s == 200 for s, _ in answers), f"{prefix}_429": len(refused),
+                f"{prefix}_other": sum(s not in (200, 429) for s, _ in answers),
+                f"{prefix}_429_p50_ms": pct and pct(0.5), f"{prefix}_429_p99_ms": pct and pct(0.99)}
+    return stats("burst", results) | stats("probe", alone)
 
 
 @contextlib.contextmanager
