@@ -53,13 +53,18 @@ class StepOutput:
 
 
 class LLMEngine:
+    reserved_blocks = 0  # pool blocks outside the BlockManager's reach (see __init__)
+
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, eos_token_ids=(),
                  policy: SchedulingPolicy | None = None, scheduler_cls: type[Scheduler] = Scheduler):
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         self.eos_token_ids = list(eos_token_ids)
         self.max_model_len = config.max_model_len or model.config.max_position_embeddings
-        self.cache = PagedKVCache(model.config, config.num_blocks, config.block_size, model.dtype, model.device)
+        # the pool may hold a few blocks more than the BlockManager hands out (stage 06 keeps one
+        # as the write target of CUDA-graph padding rows): ids num_blocks.. are never allocated
+        self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
+                                  model.dtype, model.device)
         self.attn = PagedAttention(self.cache)
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
@@ -135,9 +140,9 @@ class LLMEngine:
         return [self.requests[i].seq.output() for i in ids]
 
     # ---- run and postprocess --------------------------------------------------------------
-    @torch.no_grad()
-    def _run(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
-        """One forward over the ragged batch; logits only for rows that will sample."""
+    def _flatten(self, chunks: list[tuple[Request, int]]) -> tuple[list[int], list[tuple[int, int, list[int]]], list[int]]:
+        """The ragged batch on the host: every new token id in order, (num_cached, num_new,
+        block_table) per sequence, and the rows whose logits will be sampled."""
         token_ids, seqs, sample_rows, row = [], [], [], 0
         for req, n in chunks:
             start = req.num_computed_tokens
@@ -146,6 +151,12 @@ class LLMEngine:
             row += n
             if start + n == req.num_tokens:  # caught up: this chunk's last row predicts the next token
                 sample_rows.append(row - 1)
+        return token_ids, seqs, sample_rows
+
+    @torch.no_grad()
+    def _run(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
+        """One forward over the ragged batch; logits only for rows that will sample."""
+        token_ids, seqs, sample_rows = self._flatten(chunks)
         meta = PagedAttentionMetadata.build(seqs, self.config.block_size, self.model.device)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.model.device)
         hidden = self.model(ids, self.attn, meta)

@@ -1,0 +1,191 @@
+"""Stage 06 benchmark: the decode step, side by side, and end-to-end tok/s.
+
+    python -m course.s06_kernels_graphs.benchmark [--model 1b-random] [--batches 1 4 16] [--context 256]
+                                                  [--quick] [--json out.json]
+
+1. The decode step at each batch size, every variant on the same pool, in one run:
+     stage 04       stage 03's PagedAttention, metadata built from fresh tensors each step
+     runner         this stage's ModelRunner (persistent buffers), PyTorch backend
+     runner+fused   ... plus merged QKV/gate-up weights and fused norm/RoPE
+     graphs         ... replayed from a captured CUDA graph (CPU: the eager stand-in, which
+                    only checks capturability and adds its guard's overhead)
+     triton ...     the same with the Triton kernels (CUDA only: the interpreter is a checker)
+   with the achieved bandwidth (bytes the step must move / time) against the measured copy
+   bandwidth: the roofline point of each row.
+2. End to end: stage 04's engine vs this stage's best setting vs transformers `generate`.
+
+Kernel-level bandwidth (GPU) and the interpreter's correctness run: bench_kernels.py.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.config import ModelConfig
+from course.s01_decode_loop.model import CausalLM, init_random_weights
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import tiny_model
+from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from course.s04_continuous_batching.engine import EngineConfig
+from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+
+from .backends import make_backend
+from .engine import KernelEngineConfig, LLMEngine
+from .fused_model import FusedCausalLM
+from .graph_runner import GraphRunner
+from .model_runner import ModelRunner
+from .roofline import copy_bandwidth, decode_cost, timed
+
+BLOCK = 16
+# Llama-3.2-1B's shape with random weights: a 1B-class model, no download needed
+ONE_B = ModelConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5,
+                    rope_theta=500000.0, max_position_embeddings=8192, tie_word_embeddings=True)
+
+
+def load(name: str, device, dtype):
+    if name == "tiny":
+        return tiny_model("gqa_tied").to(device), None
+    if name == "1b-random":
+        torch.manual_seed(0)
+        return init_random_weights(CausalLM(ONE_B), 0).to(device, dtype).eval(), None
+    from course.s01_decode_loop.weights import load_model
+    loaded = load_model(dtype=dtype, device=str(device))
+    return loaded.model, loaded.tokenizer
+
+
+def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
+    """name -> a function running one decode step of `batch` sequences at `context` tokens."""
+    blocks_per_seq = -(-context // BLOCK)
+    seqs = [(context - 1, 1, list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq))) for b in range(batch)]
+    token_ids, rows = [1] * batch, list(range(batch))
+    dummy = cache.k.shape[1] - 1
+    ref = PagedAttention(cache)
+
+    def stage04():
+        meta = PagedAttentionMetadata.build(seqs, BLOCK, model.device)
+        ids = torch.tensor(token_ids, device=model.device)
+        return model.compute_logits(model(ids, ref, meta))
+
+    def runner(backend: str, fused: bool, graphs: bool):
+        m = FusedCausalLM(model, ops=backend) if fused else model
+        attn = make_backend(backend, cache)
+        g = GraphRunner(m, attn, max_batch=batch, max_seq_len=context, dummy_block=dummy) if graphs else None
+        r = ModelRunner(m, attn, max_num_tokens=batch, max_num_seqs=batch, max_blocks_per_seq=blocks_per_seq,
+                        dummy_block=dummy, graphs=g)
+        return lambda: r.run(token_ids, seqs, rows)
+
+    variants = {"stage 04": stage04, "runner": runner("torch", False, False),
+                "runner+fused": runner("torch", True, False), "graphs+fused": runner("torch", True, True)}
+    if on_gpu:
+        variants |= {"triton": runner("triton", False, False), "triton+fused": runner("triton", True, False),
+                     "triton+fused+graphs": runner("triton", True, True)}
+    return variants
+
+
+@torch.no_grad()
+def decode_table(model, batches, context, device) -> list[dict]:
+    bw = copy_bandwidth(device)
+    rows = []
+    for batch in batches:
+        blocks = batch * -(-context // BLOCK) + 1
+        cache = PagedKVCache(model.config, blocks, BLOCK, model.dtype, model.device)
+        cache.k.normal_()
+        cache.v.normal_()
+        cost = decode_cost(model, batch, context)
+        variants = decode_variants(model, cache, batch, context, device.type == "cuda")
+        base = None
+        for name, step in variants.items():
+            seconds = timed(step, device, warmup=3, reps=10)
+            base = base or seconds
+            rows.append({"batch": batch, "context": context, "variant": name, "step_ms": seconds * 1e3,
+                         "speedup_vs_stage04": base / seconds, "achieved_GBps": cost.bytes / seconds / 1e9,
+                         "pct_of_copy_bw": 100 * cost.bytes / seconds / bw, "tok_s": batch / seconds})
+            r = rows[-1]
+            print(f"B={batch:3d} L={context:5d} {name:20s} {r['step_ms']:9.2f} ms  x{r['speedup_vs_stage04']:5.2f}"
+                  f"  {r['achieved_GBps']:7.1f} GB/s ({r['pct_of_copy_bw']:4.1f}% of copy)  {r['tok_s']:8.1f} tok/s")
+    print(f"copy bandwidth {bw / 1e9:.1f} GB/s; intensity at B=1: {decode_cost(model, 1, context).intensity:.2f} FLOP/B")
+    return rows
+
+
+def end_to_end(model, tok, device, prompts: int, new_tokens: int, best: KernelEngineConfig) -> list[dict]:
+    """All prompts submitted at once, greedy, fixed output length: tok/s of each system."""
+    g = torch.Generator().manual_seed(0)
+    top = min(5000, model.config.vocab_size)
+    work = [torch.randint(3, top, (int(n),), generator=g).tolist() for n in torch.randint(16, 96, (prompts,), generator=g)]
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+    eng = dict(num_blocks=prompts * 16 + 8, block_size=BLOCK, max_num_seqs=prompts, max_num_batched_tokens=1024)
+    systems = {"stage 04 engine": lambda: BatchingEngine(model, tok, EngineConfig(**eng)).generate(work, params),
+               f"stage 06 engine ({describe(best)})": lambda: LLMEngine(model, tok, best).generate(work, params),
+               "transformers generate": lambda: hf_generate(model, work, new_tokens)}
+    rows = []
+    for name, fn in systems.items():
+        fn() if name.startswith("stage 06") else None  # warm-up: Triton compiles, graphs capture
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+        rows.append({"system": name, "tok_s": prompts * new_tokens / wall, "wall_s": wall})
+        print(f"{name:55s} {rows[-1]['tok_s']:8.1f} tok/s")
+    return rows
+
+
+def describe(c: KernelEngineConfig) -> str:
+    return "+".join([c.attention_backend] + ["fused"] * c.fused + ["graphs"] * c.cuda_graphs)
+
+
+def hf_generate(model, work, new_tokens):
+    """transformers' LlamaForCausalLM with our weights, one static left-padded batch."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    hf = getattr(model, "_hf_twin", None)
+    if hf is None:
+        hf = LlamaForCausalLM(LlamaConfig(**model.config.to_hf())).to(model.device, model.dtype).eval()
+        hf.load_state_dict(model.state_dict(), strict=False)
+        model._hf_twin = hf
+    width = max(map(len, work))
+    ids = torch.tensor([[0] * (width - len(w)) + w for w in work], device=model.device)
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        hf.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                    pad_token_id=0)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="default", help="default (SmolLM2-135M), 1b-random, or tiny")
+    p.add_argument("--batches", type=int, nargs="+")
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--quick", action="store_true", help="tiny model, small sizes (a smoke run)")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    name = "tiny" if args.quick else args.model
+    model, tok = load(name, device, dtype)
+    if tok is None:
+        from course.s01_decode_loop.testing import byte_tokenizer
+        tok = byte_tokenizer()
+    batches = args.batches or ([1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64] if device.type == "cuda" else [1, 4, 16])
+    machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or 'cpu'}, {torch.get_num_threads()} threads"
+    print(f"# {name} on {machine}, {dtype}, torch {torch.__version__}")
+    decode = decode_table(model, batches, args.context, device)
+    best = KernelEngineConfig(num_blocks=args.prompts * 16 + 8, block_size=BLOCK, max_num_seqs=args.prompts,
+                              max_num_batched_tokens=1024, fused=True, cuda_graphs=device.type == "cuda",
+                              attention_backend="triton" if device.type == "cuda" else "torch")
+    e2e = end_to_end(model, tok, device, args.prompts, args.new_tokens, best)
+    if device.type != "cuda":
+        print("# no GPU here: Triton kernels, their bandwidth and real CUDA graphs need one "
+              "(the interpreter's correctness run: python -m course.s06_kernels_graphs.bench_kernels)")
+    if args.json:
+        write_json(args.json, {"model": name, "machine": machine, "dtype": str(dtype), "decode": decode, "e2e": e2e})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""`python -m course.s06_kernels_graphs`: stage 04's command line, plus the choice of attention
+backend, fused kernels and decode graphs. Without CUDA the Triton backend runs through the
+interpreter (same code path, very slow: tiny models only) and `--cuda-graphs` uses the eager
+stand-in (graph_runner.py), which checks that every decode step could be captured."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from course.s04_continuous_batching.cli import run_cli
+
+from .backends import BACKENDS
+from .engine import KernelEngineConfig, LLMEngine
+
+
+def add_args(group) -> None:
+    group.add_argument("--backend", choices=sorted(BACKENDS), default="torch", help="attention backend")
+    group.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from captured graphs")
+    group.add_argument("--fused", action="store_true", help="merged QKV/gate-up, fused add+RMSNorm and RoPE")
+    group.add_argument("--graph-max-seq-len", type=int, default=2048)
+    group.add_argument("--num-splits", type=int, help="Triton decode split-K partitions (default: per step)")
+
+
+def make_engine(loaded, args, config: dict) -> LLMEngine:
+    if (args.backend == "triton" or args.cuda_graphs) and not torch.cuda.is_available():
+        print("note: no CUDA device: " + ", ".join(
+            (["the Triton kernels run through the interpreter (slow)"] if args.backend == "triton" else []) +
+            (["graphs use the eager stand-in under the sync guard"] if args.cuda_graphs else [])), file=sys.stderr)
+    kernel = KernelEngineConfig(**config, attention_backend=args.backend, cuda_graphs=args.cuda_graphs,
+                                fused=args.fused, graph_max_seq_len=args.graph_max_seq_len, num_splits=args.num_splits)
+    return LLMEngine(loaded.model, loaded.tokenizer, kernel, loaded.eos_token_ids)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(argv, "Stage 06: Triton kernels and CUDA graphs behind stage 04's engine.", add_args, make_engine)

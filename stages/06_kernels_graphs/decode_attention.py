@@ -1,0 +1,160 @@
+"""Paged decode attention: one new token per sequence, K/V read straight from the paged pool.
+
+A decode step has one query per sequence, so the work is a walk over that sequence's cached
+keys, found block by block through its block table (vLLM's layout), with an online softmax:
+a running max m, a running sum l and an unnormalised output acc, rescaled by exp(m_old - m_new)
+whenever the max grows. Nothing is gathered into a contiguous copy first.
+
+GQA: the G = H / Hkv query heads that share a KV head are served by ONE program, so each K/V
+tile is read from memory once for the whole group. G is 1..8, too small for tl.dot's 16-row
+minimum, so q.k is an elementwise broadcast and a tl.sum.
+
+Split-K (FlashDecoding): with few sequences there are too few programs to fill the GPU, so
+each sequence's table is cut into S column ranges, one program each; each writes its partial
+output and log-sum-exp, and a second small kernel merges them (rescaling by exp(lse - max)).
+
+Everything on the host comes from tensor shapes, never values, so the call is graph-capturable.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Keys per loop iteration. Each key finds its page through the table, so a tile may span
+# several small pages or part of a large one: any block size works.
+BLOCK_N = 16
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale,
+    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)  # read on the device: no host sync
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    g_ok = offs_g < GROUP  # G and D padded to powers of two, masked back
+    d_ok = offs_d < HEAD_DIM
+    heads = kvh * GROUP + offs_g  # the query heads that share this KV head
+    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+                mask=g_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
+    q = q * scale
+
+    # This split's keys: table columns [split * cols, (split + 1) * cols), clipped to the sequence.
+    lo = split * cols_per_split * PAGE
+    hi = tl.minimum((split + 1) * cols_per_split * PAGE, seq_len)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(lo, hi, BLOCK_N):  # an empty range for a split past the sequence's end
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < hi  # table padding and a partial page's NaN tail are never read
+        page = tl.load(bt_ptr + b * stride_btb + (offs_n // PAGE) * stride_btw, mask=n_ok, other=0)
+        slot = page.to(tl.int64) * stride_kb + (offs_n % PAGE) * stride_ks + kvh * stride_kh  # int64: pools pass 2**31
+        kv_mask = n_ok[:, None] & d_ok[None, :]  # never unmasked: 0 * NaN is NaN
+        k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
+        v = tl.load(v_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
+
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]: q.k for every head of the group
+        s = tl.where(n_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0., m_new)  # exp(-inf - -inf) would be NaN
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
+    out_mask = g_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                 acc.to(o_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # Scratch is contiguous fp32 [B, H, S, D] and [B, H, S]; an empty split writes lse = -inf.
+        lse = tl.where(l_i > 0., m_i + tl.log(tl.where(l_i > 0., l_i, 1.)), float("-inf"))
+        row = (b * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+        tl.store(part_lse_ptr + row, lse, mask=g_ok)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_o_ptr, part_lse_ptr, o_ptr, stride_ob, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+    row = (b * tl.num_programs(1) + h) * NUM_SPLITS + offs_s
+    lse = tl.load(part_lse_ptr + row, mask=s_ok, other=float("-inf"))
+    o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.)
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0., m)  # split 0 always holds a token, but never make NaN
+    w = tl.exp(lse - m)  # an empty split (lse = -inf) weighs exactly 0
+    o = tl.sum(w[:, None] * o, axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty), mask=d_ok)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=1,
+                           out=None) -> torch.Tensor:
+    """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged
+    pool k/v_cache [num_blocks, block_size, Hkv, D], whose pages are block_tables[b]. Returns
+    [B, H, D] in q's dtype, written into `out` if given. num_splits > 1: split-K + reduce."""
+    B, H, D = q.shape
+    _, page, hkv, _ = k_cache.shape
+    assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
+    if scale is None:
+        scale = D ** -0.5
+    if out is None:
+        out = torch.empty((B, H, D), dtype=q.dtype, device=q.device)
+    if B == 0:
+        return out
+    width = block_tables.shape[1]
+    num_splits = min(num_splits, width)  # more splits than columns would only add empty ones
+    group = H // hkv
+    block_d = triton.next_power_of_2(D)
+    if num_splits > 1:  # fp32 scratch; every element is written by some split, so no fill
+        part_o = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = out  # unused: the single pass writes `out` directly
+    _decode_kernel[(B, hkv, num_splits)](
+        q, k_cache, v_cache, out, part_o, part_lse, block_tables, seq_lens, float(scale),
+        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_tables.stride(1),
+        triton.cdiv(width, num_splits),
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
+        PAGE=page, NUM_SPLITS=num_splits, BLOCK_N=BLOCK_N,
+    )
+    if num_splits > 1:
+        _reduce_kernel[(B, H)](
+            part_o, part_lse, out, out.stride(0), out.stride(1), out.stride(2),
+            HEAD_DIM=D, BLOCK_D=block_d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        )
+    return out
+
+
+def choose_num_splits(batch_size: int, num_kv_heads: int, max_blocks: int, num_sms: int = 132) -> int:
+    """How many splits per sequence keep the GPU busy (FlashDecoding; vLLM's PagedAttention v2).
+
+    Without splits a decode launches batch_size * num_kv_heads programs. Once that fills the
+    SMs (num_sms: 132 on an H100), splitting only adds the reduce kernel and scratch traffic, so
+    return 1. Below that, split each sequence so that roughly one program lands on every SM,
+    but never into more splits than it has blocks (a split with no keys is wasted), nor more
+    than 16 (the reduce and scratch grow with S while the gain flattens out)."""
+    programs = max(1, batch_size * num_kv_heads)
+    if programs >= num_sms:
+        return 1
+    return max(1, min(num_sms // programs, max_blocks, 16))

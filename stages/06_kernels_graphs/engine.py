@@ -1,0 +1,60 @@
+"""Stage 04's engine with stage 06's runner: the attention backend is picked by name in the
+config, and decode steps can replay captured graphs.
+
+    schedule -> ModelRunner.run (persistent buffers, backend metadata, graph or eager) -> postprocess
+
+Scheduling, the block manager and sampling are stage 04's, untouched: only `_run` changes.
+The pool gets one block more than the block manager hands out, the dummy block that graph
+padding rows write to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from course.s04_continuous_batching.engine import EngineConfig
+from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+
+from .backends import make_backend
+from .fused_model import FusedCausalLM
+from .graph_runner import GraphRunner
+from .model_runner import ModelRunner
+
+
+@dataclass
+class KernelEngineConfig(EngineConfig):
+    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math) or "triton" (this stage's kernels)
+    cuda_graphs: bool = False            # replay decode steps from captured graphs (CPU: the eager stand-in)
+    graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
+    graph_max_seq_len: int = 2048        # decode steps with a longer sequence run eagerly
+    num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
+    fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
+
+
+class LLMEngine(BatchingEngine):
+    reserved_blocks = 1  # the dummy block: id num_blocks
+
+    def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
+        config = config or KernelEngineConfig()
+        if config.fused:  # same weights, fewer kernels; the ops follow the attention backend
+            model = FusedCausalLM(model, ops=config.attention_backend)
+        super().__init__(model, tokenizer, config, eos_token_ids, **kw)
+        options = {"num_splits": config.num_splits} if config.attention_backend == "triton" else {}
+        self.attn = make_backend(config.attention_backend, self.cache, **options)
+        dummy = config.num_blocks
+        graphs = None
+        if config.cuda_graphs:
+            graphs = GraphRunner(model, self.attn, max_batch=config.graph_max_batch or config.max_num_seqs,
+                                 max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy)
+        self.runner = ModelRunner(model, self.attn, max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+                                  max_num_seqs=config.max_num_seqs,
+                                  max_blocks_per_seq=-(-self.max_model_len // config.block_size),
+                                  dummy_block=dummy, graphs=graphs)
+        self.graphed_steps = 0
+
+    def _run(self, chunks):
+        out = self.runner.run(*self._flatten(chunks))
+        self.graphed_steps += out.graphed
+        return out.logits
+
+    def stats(self) -> dict:
+        return {**super().stats(), "backend": self.attn.name, "graphed_steps": self.graphed_steps}

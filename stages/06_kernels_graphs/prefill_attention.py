@@ -1,0 +1,121 @@
+"""Varlen paged attention: prefill chunks and decodes of a ragged batch in one launch.
+
+FlashAttention-2's idea: each program owns a tile of BLOCK_M queries and walks the keys in
+tiles of BLOCK_N, keeping per row only a running max m, a running sum l and an unnormalised
+output acc. When a later tile raises the max, the old l and acc are rescaled by exp(m_old -
+m_new) (online softmax), so the T x L score matrix is never built, only one BLOCK_M x BLOCK_N
+tile of it at a time, in registers.
+
+Everything else is bookkeeping. A sequence's new tokens are its last qlen positions; a cached
+prefix is just keys before the first query, read like any other key, and a decode is a query
+of length 1. Keys come from the paged pool through the block table, token by token, so a key
+tile may span several pages and any block size works.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Interpreter-friendly tiles. A GPU would use BLOCK_M = 64 or 128 and BLOCK_N = 64 (picked
+# per head dim / shared-memory budget); every tl.dot dim stays >= 16 either way.
+BLOCK_M = 16
+BLOCK_N = 16
+
+
+@triton.jit
+def _varlen_paged_attn_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    tile = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b).to(tl.int64)
+    q_len = tl.load(cu_ptr + b + 1).to(tl.int64) - q_start
+    if tile * BLOCK_M >= q_len:  # the grid is sized for the longest query; shorter ones stop here
+        return
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int64)
+    prefix = seq_len - q_len  # cached tokens before the first query
+
+    offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < q_len
+    d_ok = offs_d < HEAD_DIM  # head dim padded to a power of two >= 16 for tl.dot
+    q_pos = prefix + offs_m  # absolute positions: query at p sees keys 0..p
+    rows = q_start + offs_m  # int64: T * stride can pass 2**31
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
+                mask=m_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
+
+    kv_off = (h // GROUP).to(tl.int64) * stride_kh  # GQA: GROUP query heads share one kv head
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Causal bound of the whole tile: keys past its last query position are never needed.
+    key_end = tl.minimum(prefix + tl.minimum((tile + 1) * BLOCK_M, q_len), seq_len)
+    for start in range(0, key_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < key_end
+        # Each key token finds its page through the table; entries past the sequence's blocks
+        # are garbage, so the table read is masked too.
+        page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+        slot = page * stride_kb + (offs_n % PAGE) * stride_ks + kv_off
+        kv_mask = n_ok[:, None] & d_ok[None, :]  # never unmasked: 0 * NaN from a stray slot is NaN
+        k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
+        v = tl.load(v_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
+
+        if DOT_16BIT:  # GPU, 16-bit inputs: tensor-core dots on the input dtype, fp32 accumulators
+            s = tl.dot(q.to(k_ptr.dtype.element_ty), tl.trans(k.to(k_ptr.dtype.element_ty))) * scale
+        else:  # fp32 inputs, or the interpreter (whose 16-bit arithmetic is wrong): exact fp32 dots
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        # A row with no visible key yet keeps max -inf; subtracting 0 instead keeps exp() at 0
+        # rather than exp(-inf - -inf) = NaN.
+        m_safe = tl.where(m_new == float("-inf"), 0., m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DOT_16BIT:
+            pv = tl.dot(p.to(v_ptr.dtype.element_ty), v.to(v_ptr.dtype.element_ty))
+        else:
+            pv = tl.dot(p, v, input_precision="ieee")
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
+    tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
+             acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
+                           scale=None, out=None) -> torch.Tensor:
+    """Causal attention of q [T, H, D] (sequence b's rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its
+    last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D].
+    Returns [T, H, D] in q's dtype, written into `out` if given."""
+    T, H, D = q.shape
+    _, page, hkv, _ = k_cache.shape
+    assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert block_tables.is_contiguous()
+    if scale is None:
+        scale = D ** -0.5
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    batch = seq_lens.shape[0]
+    if T == 0 or batch == 0:
+        return out
+    grid = (batch, H, triton.cdiv(max_query_len, BLOCK_M))
+    _varlen_paged_attn_kernel[grid](
+        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale),
+        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, GROUP=H // hkv,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        DOT_16BIT=q.is_cuda and k_cache.dtype in (torch.float16, torch.bfloat16),
+    )
+    return out

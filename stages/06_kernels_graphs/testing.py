@@ -1,0 +1,85 @@
+"""Random paged batches for the kernel tests, and the PyTorch oracle they are checked against.
+
+A kernel that reads one element too many or writes one too few can still pass on a clean
+pool, so every case here is built to catch it: the pool is filled with NaN wherever no
+sequence keeps a token (a stray read turns the output NaN), block tables are shuffled and
+padded with a poisoned block id, and outputs start as NaN (an unwritten row stays NaN).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from course.s01_decode_loop.attention import causal_attention
+
+
+@dataclass
+class PagedCase:
+    """One layer's pool and a ragged batch over it. Sequence b has seq_lens[b] tokens in the
+    pool; its new (query) tokens are the last query_lens[b] of them."""
+
+    q: torch.Tensor             # [T, H, D]: T = sum(query_lens)
+    k_cache: torch.Tensor       # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [B, W] int32; unused entries point at a NaN-filled block
+    seq_lens: torch.Tensor      # [B] int32
+    cu_seqlens_q: torch.Tensor  # [B+1] int32
+    query_lens: list[int]
+
+    @property
+    def max_query_len(self) -> int:
+        return max(self.query_lens)
+
+
+def make_paged_case(seq_lens: list[int], query_lens: list[int], *, num_heads: int, num_kv_heads: int,
+                    head_dim: int, block_size: int, dtype=torch.float32, seed: int = 0,
+                    extra_blocks: int = 3, device="cpu") -> PagedCase:
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + extra_blocks
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.full(shape, float("nan"))
+    v_cache = torch.full(shape, float("nan"))
+    ids = torch.randperm(num_blocks, generator=g).tolist()  # shuffled: tables are not contiguous
+    poison_block = ids.pop()  # stays NaN: table padding points here
+    width = max(blocks_per_seq) + 1  # one column of padding even for the longest sequence
+    tables = []
+    for n, nb in zip(seq_lens, blocks_per_seq):
+        mine = [ids.pop() for _ in range(nb)]
+        for pos in range(n):  # only slots a sequence owns get values; a block's tail stays NaN
+            blk, off = mine[pos // block_size], pos % block_size
+            k_cache[blk, off] = torch.randn(num_kv_heads, head_dim, generator=g)
+            v_cache[blk, off] = torch.randn(num_kv_heads, head_dim, generator=g)
+        tables.append(mine + [poison_block] * (width - nb))
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=g)
+    cu = [0]
+    for n in query_lens:
+        cu.append(cu[-1] + n)
+    as_int = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    return PagedCase(q=q.to(device, dtype), k_cache=k_cache.to(device, dtype), v_cache=v_cache.to(device, dtype),
+                     block_tables=as_int(tables), seq_lens=as_int(seq_lens), cu_seqlens_q=as_int(cu),
+                     query_lens=list(query_lens))
+
+
+def reference_attention(case: PagedCase, scale: float | None = None) -> torch.Tensor:
+    """Stage 03's way: gather each sequence's blocks back into order, then stage 01's causal
+    attention, in float32. Returns [T, H, D] float32."""
+    bs = case.k_cache.shape[1]
+    d = case.q.shape[-1]
+    out = torch.empty(case.q.shape, dtype=torch.float32)
+    for b, total in enumerate(case.seq_lens.tolist()):
+        blocks = case.block_tables[b, : -(-total // bs)].long()
+        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
+        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
+        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
+        q = case.q[start:end].float()
+        if scale is not None:  # causal_attention scales by d**-0.5; fold any other scale into q
+            q = q * (scale * d ** 0.5)
+        out[start:end] = causal_attention(q, k, v, q_start=total - (end - start))
+    return out
+
+
+def nan_like(x: torch.Tensor) -> torch.Tensor:
+    """An output buffer that shows every element the kernel forgot to write."""
+    return torch.full_like(x, float("nan"))

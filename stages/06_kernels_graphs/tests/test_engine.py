@@ -1,0 +1,109 @@
+"""Stage 06's engine gives stage 04's tokens, whatever the backend, graphs or fused kernels.
+
+The workloads force every kind of step: prompts longer than the token budget (chunked
+prefill, so prefill chunks and decodes share steps), a shared prefix (prefix-cache hits: a
+chunk whose first keys are already cached), and a pool small enough to preempt."""
+import pytest
+import torch
+
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
+from course.s04_continuous_batching.engine import EngineConfig
+from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+
+SHARED = b"You are a helpful assistant. "
+PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
+POOLS = {"roomy": dict(num_blocks=64), "tight": dict(num_blocks=24)}  # tight: preemption happens
+
+
+def run(engine_cls, config, model, tok, params):
+    engine = engine_cls(model, tok, config, [TINY_EOS])
+    outputs = engine.generate([list(p) for p in PROMPTS], params)
+    return [o.token_ids for o in outputs], engine
+
+
+def stage04(model, tok, params, pool):
+    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **POOLS[pool])
+    return run(BatchingEngine, config, model, tok, params)[0]
+
+
+def stage06(model, tok, params, pool, **options):
+    config = KernelEngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **POOLS[pool], **options)
+    return run(LLMEngine, config, model, tok, params)
+
+
+GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
+def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs, fused):
+    _, model = tiny
+    want = stage04(model, byte_tok, GREEDY, pool)
+    got, engine = stage06(model, byte_tok, GREEDY, pool, cuda_graphs=graphs, fused=fused)
+    assert got == want
+    assert (engine.graphed_steps > 0) == graphs
+    if pool == "tight":
+        assert engine.stats()["preemptions"] > 0  # the workload did what it is here for
+
+
+def test_seeded_sampling_is_unchanged_by_graphs_and_fusion(byte_tok):
+    model = tiny_model("gqa_tied")
+    params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, seed=7)
+    want = stage04(model, byte_tok, params, "roomy")
+    got, _ = stage06(model, byte_tok, params, "roomy", cuda_graphs=True, fused=True)
+    assert got == want
+
+
+def test_steps_mix_prefill_chunks_with_decodes(byte_tok):
+    """The workload above is only a test of mixed steps if such steps happen."""
+    _, engine = stage06(tiny_model("gqa_tied"), byte_tok, GREEDY, "roomy")
+    mixed = [s for s in engine.step_log if len({n > 1 for _, n, _ in s["chunks"]}) == 2]
+    cached_chunk = [s for s in engine.step_log if any(n > 1 and done > 0 for _, n, done in s["chunks"])]
+    assert mixed and cached_chunk
+
+
+def test_graphs_skip_contexts_longer_than_captured(byte_tok):
+    model = tiny_model("gqa_tied")
+    want = stage04(model, byte_tok, GREEDY, "roomy")
+    got, engine = stage06(model, byte_tok, GREEDY, "roomy", cuda_graphs=True, graph_max_seq_len=24)
+    assert got == want
+    total_decodes = sum(1 for s in engine.step_log if all(n == 1 for _, n, _ in s["chunks"]))
+    assert 0 < engine.graphed_steps < total_decodes  # the long prompts' decodes ran eagerly
+
+
+def test_runner_returns_hidden_states_of_every_row(byte_tok):
+    model = tiny_model("gqa_tied")
+    engine = LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=16, block_size=4), [TINY_EOS])
+    out = engine.runner.run([1, 2, 3, 4, 5], [(0, 3, [0]), (0, 2, [1])], sample_rows=[2, 4])
+    assert out.hidden.shape == (5, model.config.hidden_size) and out.logits.shape == (2, model.config.vocab_size)
+    torch.testing.assert_close(out.logits, model.compute_logits(out.hidden[[2, 4]]))
+
+
+# ---- the Triton backend, through the interpreter (slow: two configs, short outputs) ----------
+@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_bias"])  # qwen2_bias: head_dim 12, biases
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, name, graphs):
+    model = tiny_model(name)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    want = stage04(model, byte_tok, params, "roomy")
+    got, engine = stage06(model, byte_tok, params, "roomy", attention_backend="triton", cuda_graphs=graphs,
+                          fused=graphs)  # fused Triton norm/RoPE ride along with the graph runs
+    assert got == want
+    assert engine.stats()["backend"] == "triton"
+
+
+def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
+    model = tiny_model("mqa_odd_heads")
+    params = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
+    want = stage04(model, byte_tok, params, "roomy")
+    got, _ = stage06(model, byte_tok, params, "roomy", attention_backend="triton", num_splits=3)
+    assert got == want
+
+
+@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
+def test_unknown_config_values_fail_at_construction(byte_tok, name):
+    with pytest.raises(ValueError, match="backend"):
+        LLMEngine(tiny_model(name), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
