@@ -83,8 +83,10 @@ def test_runner_returns_hidden_states_of_every_row(byte_tok):
 
 
 # ---- the Triton backend, through the interpreter (slow: two configs, short outputs) ----------
-@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_bias"])  # qwen2_bias: head_dim 12, biases
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+TRITON_RUNS = [(name, False) for name in sorted(TINY_CONFIGS)] + [("gqa_tied", True), ("qwen2_bias", True)]
+
+
+@pytest.mark.parametrize("name, graphs", TRITON_RUNS, ids=[f"{n}-{'graphs' if g else 'eager'}" for n, g in TRITON_RUNS])
 def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, name, graphs):
     model = tiny_model(name)
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
@@ -103,7 +105,6 @@ def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
     assert got == want
 
 
-@pytest.mark.parametrize("name", sorted(TINY_CONFIGS))
-def test_unknown_config_values_fail_at_construction(byte_tok, name):
+def test_an_unknown_backend_fails_at_construction(byte_tok):
     with pytest.raises(ValueError, match="backend"):
-        LLMEngine(tiny_model(name), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
+        LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
