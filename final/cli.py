@@ -8,7 +8,7 @@ import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
@@ -40,6 +40,16 @@ def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config,
     return blocks
 
 
+def kernel_options(args: argparse.Namespace) -> dict:
+    """Stage 06's choices. On CUDA the Triton kernels, fused ops and decode graphs are the
+    defaults; elsewhere the PyTorch backend (Triton would run through its interpreter, and the
+    graph stand-in only checks capturability), unfused (merging weights buys nothing there)."""
+    cuda = args.device.startswith("cuda")
+    backend = args.attention_backend or ("triton" if cuda else "torch")
+    graphs = cuda if args.cuda_graphs is None else args.cuda_graphs
+    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": cuda if args.fused is None else args.fused}
+
+
 def build_server(args: argparse.Namespace):
     dtype = getattr(torch, args.dtype)
     # typos fail before the model loads
@@ -47,9 +57,9 @@ def build_server(args: argparse.Namespace):
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     loaded = load_model(args.model, dtype=dtype, device=args.device)
     blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
-    config = EngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
-                          record_steps=False)
+    config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
+                                record_steps=False, **kernel_options(args))
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids), ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
@@ -73,6 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--block-size", type=int, default=16)
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    k = s.add_argument_group("kernels (stage 06)")
+    k.add_argument("--attention-backend", choices=["torch", "triton"], help="default: triton on CUDA, else torch")
+    k.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
+                   help="replay decode steps from captured graphs (default: on with CUDA)")
+    k.add_argument("--fused", action=argparse.BooleanOptionalAction,
+                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on with CUDA)")
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")

@@ -37,7 +37,7 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
@@ -208,8 +208,8 @@ def own_server(model: str | None = None, kv_blocks: int = 24, block_size: int | 
     else:
         loaded = load_model(None if model == "default" else model)
         net, tok, eos, name, block_size = loaded.model, loaded.tokenizer, loaded.eos_token_ids, model, block_size or 16
-    config = EngineConfig(num_blocks=kv_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_waiting=max_waiting, record_steps=False)
+    config = KernelEngineConfig(num_blocks=kv_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                                max_waiting=max_waiting, record_steps=False)
     # The tiny model's matrices are too small to share between threads, and on a busy CPU
     # OpenMP's spinning threads make each step 100x slower (measured: 360 ms vs 4 ms).
     threads = torch.get_num_threads()

@@ -12,7 +12,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from course.s01_decode_loop.testing import tiny_model
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
@@ -32,7 +32,7 @@ def free_port() -> int:
 def tiny_engine(byte_tok, **config) -> AsyncEngine:
     """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top."""
     byte_tok.chat_template = CHAT_TEMPLATE
-    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
+    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
                     [byte_tok.eos_token_id])
     return AsyncEngine(llm, ServerMetrics("tiny"))
 

@@ -1,0 +1,45 @@
+"""The server runs stage 06's engine: the same answers whichever attention backend, fused ops
+or decode graphs it is given, and the CLI picks the GPU defaults only where there is a GPU."""
+import argparse
+
+import openai
+import pytest
+
+from course.final.cli import kernel_options
+from course.final.testing import live_server, tiny_engine
+
+SETTINGS = {"torch": {}, "torch+fused+graphs": {"fused": True, "cuda_graphs": True},
+            "triton+graphs": {"attention_backend": "triton", "cuda_graphs": True}}
+
+
+def answers(byte_tok, settings):
+    engine = tiny_engine(byte_tok, **settings)
+    with live_server(engine, byte_tok) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        texts = [client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0).choices[0].text
+                 for p in ("Hello", "a much longer prompt than the first")]
+        texts += [c.text for c in client.completions.create(model="tiny", prompt="xy", max_tokens=6, temperature=1.0,
+                                                              seed=3, n=2).choices]
+        return texts, engine.engine.stats()
+
+
+def test_server_answers_are_the_same_with_every_kernel_setting(byte_tok):
+    want, _ = answers(byte_tok, SETTINGS["torch"])
+    for name in ("torch+fused+graphs", "triton+graphs"):
+        got, stats = answers(byte_tok, SETTINGS[name])
+        assert got == want, name
+        assert stats["graphed_steps"] > 0 and stats["backend"] == name.split("+")[0]
+
+
+@pytest.mark.parametrize("device, flags, want", [
+    ("cpu", {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False}),
+    ("cuda", {}, {"attention_backend": "triton", "cuda_graphs": True, "fused": True}),
+    ("cuda", {"cuda_graphs": False, "attention_backend": "torch"},
+     {"attention_backend": "torch", "cuda_graphs": False, "fused": True}),
+    ("cpu", {"fused": True, "cuda_graphs": True}, {"attention_backend": "torch", "cuda_graphs": True, "fused": True}),
+])
+def test_cli_kernel_defaults_follow_the_device(device, flags, want):
+    args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None)
+    for key, value in flags.items():
+        setattr(args, key, value)
+    assert kernel_options(args) == want
