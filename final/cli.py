@@ -8,7 +8,9 @@ import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token
-from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
 from .metrics import ServerMetrics
@@ -61,7 +63,9 @@ def build_server(args: argparse.Namespace):
                                 max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                 record_steps=False, **kernel_options(args))
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
-    engine = AsyncEngine(LLMEngine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids), ServerMetrics(name))
+    speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens)
+    engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative),
+                         ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
     return engine, build_app(engine, loaded.tokenizer, name, limits)
 
@@ -89,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay decode steps from captured graphs (default: on with CUDA)")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
                    help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on with CUDA)")
+    sp = s.add_argument_group("speculative decoding (stage 05, inside the batch)")
+    sp.add_argument("--speculative-method", choices=METHODS, default="none",
+                    help="lookup: prompt lookup (vLLM's ngram); greedy and sampled requests alike")
+    sp.add_argument("--num-speculative-tokens", type=int, default=4, help="drafts per request per step")
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")

@@ -44,7 +44,15 @@ class ServerMetrics:
         self.generation_tokens = counter("vllm:generation_tokens", "Generated tokens of finished requests.")
         self._success = Counter("vllm:request_success", "Finished requests, by finish reason.",
                                 labels + ["finished_reason"], registry=registry)
-        self._seen = {"queries": 0, "hits": 0, "preemptions": 0}  # engine totals already counted
+        self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Draft proposals verified (one per request-step).")
+        self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Drafted tokens sent to verification.")
+        self.spec_accepted = counter("vllm:spec_decode_num_accepted_tokens", "Drafted tokens the target kept.")
+        self._spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                     "Accepted drafts by position in the draft (0 = first).",
+                                     labels + ["position"], registry=registry)
+        self._seen = {"queries": 0, "hits": 0, "preemptions": 0, "drafts": 0, "draft_tokens": 0,
+                      "accepted": 0}  # engine totals already counted
+        self._seen_per_pos: list[int] = []
 
     def request_finished(self, request) -> None:
         """Record one request that ended ("stop", "length" or "abort")."""
@@ -72,6 +80,18 @@ class ServerMetrics:
                                     ("preemptions", stats["preemptions"], self.preemptions)):
             counter.inc(total - self._seen[key])
             self._seen[key] = total
+        spec = getattr(engine, "spec_stats", None)
+        if spec is not None:
+            for key, total, counter in (("drafts", spec.target_forwards, self.spec_drafts),
+                                        ("draft_tokens", spec.proposed, self.spec_draft_tokens),
+                                        ("accepted", spec.accepted, self.spec_accepted)):
+                counter.inc(total - self._seen[key])
+                self._seen[key] = total
+            per_pos = engine.accepted_per_position
+            self._seen_per_pos += [0] * (len(per_pos) - len(self._seen_per_pos))
+            for pos, total in enumerate(per_pos):
+                self._spec_per_pos.labels(self.model, str(pos)).inc(total - self._seen_per_pos[pos])
+                self._seen_per_pos[pos] = total
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

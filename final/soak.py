@@ -37,9 +37,10 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
-from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .async_engine import AsyncEngine
+from .engine import Engine
 from .metrics import ServerMetrics
 from .soak_client import Answer, Job, check_complete, compare, plan, send
 from .testing import CHAT_TEMPLATE, live_server, metric
@@ -215,7 +216,7 @@ def own_server(model: str | None = None, kv_blocks: int = 24, block_size: int | 
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if model is None else threads)
     try:
-        with live_server(AsyncEngine(LLMEngine(net, tok, config, eos), ServerMetrics(name)), tok, name) as url:
+        with live_server(AsyncEngine(Engine(net, tok, config, eos), ServerMetrics(name)), tok, name) as url:
             yield url
     finally:
         torch.set_num_threads(threads)

@@ -12,9 +12,10 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from course.s01_decode_loop.testing import tiny_model
-from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .async_engine import AsyncEngine
+from .engine import Engine, SpeculativeConfig
 from .metrics import ServerMetrics
 from .server import ServerLimits, build_app
 from .shutdown import GracefulServer
@@ -29,11 +30,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_engine(byte_tok, **config) -> AsyncEngine:
+def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, **config) -> AsyncEngine:
     """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top."""
     byte_tok.chat_template = CHAT_TEMPLATE
-    llm = LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
-                    [byte_tok.eos_token_id])
+    llm = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
+                 [byte_tok.eos_token_id], speculative)
     return AsyncEngine(llm, ServerMetrics("tiny"))
 
 

@@ -43,3 +43,19 @@ def test_cli_kernel_defaults_follow_the_device(device, flags, want):
     for key, value in flags.items():
         setattr(args, key, value)
     assert kernel_options(args) == want
+
+
+def test_server_with_prompt_lookup_gives_the_same_answers_and_counts_drafts(byte_tok):
+    from course.final.engine import SpeculativeConfig
+    from course.final.testing import metric
+    want, _ = answers(byte_tok, {})
+    engine = tiny_engine(byte_tok, speculative=SpeculativeConfig("lookup", 3))
+    with live_server(engine, byte_tok) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        got = [client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0).choices[0].text
+               for p in ("Hello", "a much longer prompt than the first")]
+        stats = engine.engine.spec_stats
+        assert got == want[:2] and stats.proposed > 0
+        assert metric(url, "vllm:spec_decode_num_draft_tokens_total") == stats.proposed
+        assert metric(url, "vllm:spec_decode_num_accepted_tokens_total") == stats.accepted
+        assert metric(url, "vllm:spec_decode_num_drafts_total") == stats.target_forwards

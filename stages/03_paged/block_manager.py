@@ -123,6 +123,21 @@ class BlockManager:
             raise NoFreeBlocksError(f"sequence {seq_id} needs {missing} more block(s); none free")
         table.extend(self._take_free() for _ in range(missing))
 
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Shrink the sequence to its first `num_tokens` tokens, freeing the blocks past them.
+        Speculative decoding writes K/V for drafts before knowing which survive; the rejected
+        ones are rolled back here. Only uncommitted tokens can go: a named (hashed) block may
+        already be shared, so it is never cut."""
+        named = self.hashed[seq_id][0]
+        if num_tokens < named * self.block_size:
+            raise ValueError(f"cannot truncate sequence {seq_id} to {num_tokens} tokens: its first "
+                             f"{named * self.block_size} are committed (prefix-cached)")
+        table = self.tables[seq_id]
+        for b in table[self.blocks_needed(num_tokens):]:  # private blocks: never named, never shared
+            self.blocks[b].ref_count = 0
+            self.free_ids.append(b)
+        del table[self.blocks_needed(num_tokens):]
+
     def commit(self, seq_id: int, token_ids: list[int]) -> None:
         """`token_ids` now have K/V in the cache: name each newly full block by its hash so
         later requests can reuse it."""

@@ -8,7 +8,6 @@ once and written once. k and v may be strided views (slices of a fused qkv outpu
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 

@@ -54,6 +54,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.commit(sid, self.seqs[sid])
 
     @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), drafts=st.lists(st.integers(0, 2), min_size=1, max_size=6))
+    def speculate(self, data, drafts):
+        """Room for k drafted tokens, then keep the first `accepted`: the rest roll back."""
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        accepted = data.draw(st.integers(0, len(drafts)))
+        try:
+            self.bm.append_slot(sid, len(self.seqs[sid]) + len(drafts))
+        except NoFreeBlocksError:
+            return
+        self.seqs[sid] += drafts[:accepted]
+        self.bm.truncate(sid, len(self.seqs[sid]))
+        self.bm.commit(sid, self.seqs[sid])
+
+    @precondition(lambda self: self.seqs)
     @rule(data=st.data())
     def fork(self, data):
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
@@ -147,3 +161,15 @@ def test_block_manager_refuses_what_never_fits_and_changes_nothing():
     with pytest.raises(NoFreeBlocksError, match="needs 3 blocks of 4; the whole pool has 2"):
         bm.allocate(0, list(range(9)))
     assert snapshot(bm) == before
+
+
+def test_block_manager_truncate_frees_draft_blocks_and_refuses_committed_tokens():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    bm.allocate(0, list(range(6)))
+    bm.commit(0, list(range(6)))  # block 0 named; block 1 holds 2 tokens
+    bm.append_slot(0, 6 + 7)  # room for 7 drafts: 4 blocks
+    assert len(bm.tables[0]) == 4 and bm.num_free_blocks == 4
+    bm.truncate(0, 6 + 2)  # two drafts accepted: back to 2 blocks
+    assert len(bm.tables[0]) == 2 and bm.num_free_blocks == 6
+    with pytest.raises(ValueError, match="committed"):
+        bm.truncate(0, 3)

@@ -1,0 +1,141 @@
+"""The final engine: stage 06's engine (stage 04's scheduler, stage 06's runner) with stage 05's
+speculation inside the continuous batch.
+
+Every step, before scheduling, each running request that is caught up (decoding) asks the
+drafter for up to k guesses. The scheduler gives it k+1 rows (spec_scheduler.py), so its last
+token and its drafts ride in the same ragged forward as other requests' prefill chunks and
+plain decodes. Then, per request:
+
+    target rows  = logits of [last, d_1 .. d_k], processed as if the drafts were emitted
+    emitted      = stage 05's verify (greedy, or rejection sampling for sampled requests)
+    num_computed += len(emitted)      (K/V of the last token and the accepted drafts stay)
+    blocks.truncate(num_computed)     (lookahead blocks past them go back to the pool)
+
+Requests accept different lengths in one step; an EOS or a stop string inside an accepted run
+ends the request there. Requests that ask for logprobs or carry a logits processor (a grammar)
+are not speculated: stage 05's verification does not yet apply processors, and emitted drafts
+have no logprobs. The drafter here is prompt lookup; EAGLE in the batch is still to come.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from course.s04_continuous_batching.engine import StepOutput
+from course.s05_speculative.drafter import Drafter
+from course.s05_speculative.prompt_lookup import PromptLookupDrafter
+from course.s05_speculative.speculative import SpecStats, emit, processed_rows
+from course.s05_speculative.verify import verify_greedy, verify_sampled
+from course.s06_kernels_graphs.engine import LLMEngine
+
+from .spec_scheduler import SpeculativeScheduler
+
+METHODS = ("none", "lookup")
+
+
+@dataclass
+class SpeculativeConfig:
+    method: str = "none"             # "none" or "lookup" (prompt lookup, vLLM's "ngram")
+    num_speculative_tokens: int = 4  # k: drafts per request per step
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}; choose one of {list(METHODS)}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+
+
+class Engine(LLMEngine):
+    def __init__(self, model, tokenizer, config=None, eos_token_ids=(), speculative: SpeculativeConfig | None = None,
+                 drafter: Drafter | None = None, **kwargs):
+        """`drafter` overrides the one `speculative.method` names (tests pass an oracle)."""
+        super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
+        self.speculative = speculative or SpeculativeConfig()
+        self.drafter = drafter or (PromptLookupDrafter() if self.speculative.method == "lookup" else None)
+        self.drafts = self.scheduler.drafts
+        self.spec_stats = SpecStats()
+        self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
+        self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
+
+    def step(self) -> list[StepOutput]:
+        self._propose()
+        return super().step()
+
+    def _propose(self) -> None:
+        self.drafts.clear()
+        if self.drafter is None:
+            return
+        for req in self.scheduler.running:
+            seq = req.seq
+            if req.num_uncomputed != 1 or seq.params.logprobs is not None or seq.params.logits_processors:
+                continue
+            room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
+            k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
+            if k > 0:
+                tokens = self.drafter.propose(seq, k).tokens
+                if tokens:
+                    self.drafts[req.request_id] = list(tokens)
+
+    def _split(self, req, n: int) -> tuple[int, list[int]]:
+        """(rows of real tokens, drafts) of a chunk of n rows."""
+        drafts = self.drafts.get(req.request_id, [])
+        return n - len(drafts), drafts
+
+    def _flatten(self, chunks):
+        token_ids, seqs, sample_rows, row = [], [], [], 0
+        for req, n in chunks:
+            real, drafts = self._split(req, n)
+            start = req.num_computed_tokens
+            token_ids += req.all_ids[start:start + real] + drafts
+            seqs.append((start, n, self.blocks.tables[req.request_id]))
+            if start + real == req.num_tokens:  # caught up: the last real row and every draft row sample
+                sample_rows += range(row + real - 1, row + n)
+            row += n
+        return token_ids, seqs, sample_rows
+
+    def _postprocess(self, chunks, logits) -> list[StepOutput]:
+        outputs, i = [], 0
+        for req, n in chunks:
+            real, drafts = self._split(req, n)
+            if not drafts:  # stage 04's path, one chunk at a time
+                samples = req.num_computed_tokens + n == req.num_tokens  # it has a logits row
+                outputs += super()._postprocess([(req, n)], logits[i:i + 1])
+                i += samples
+                continue
+            rows, i = logits[i:i + len(drafts) + 1], i + len(drafts) + 1
+            try:
+                emitted = self._verify(req, rows, drafts)
+            except Exception as e:  # fail this request alone, as stage 04 does
+                req.finish_reason, req.error = "error", e
+                self.scheduler.finish(req)
+                outputs.append(StepOutput(req.request_id, None, e))
+                continue
+            req.num_computed_tokens += len(emitted)  # the last token + accepted drafts have K/V now
+            self.blocks.truncate(req.request_id, req.num_computed_tokens)
+            for event in emit(req.seq, emitted):
+                outputs.append(StepOutput(req.request_id, event))
+                if event.finish_reason:
+                    req.finish_reason = event.finish_reason
+                    self.scheduler.finish(req)
+                    self._acceptance_rngs.pop(req.request_id, None)
+            if not req.finished:
+                self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
+        return outputs
+
+    def _verify(self, req, rows: torch.Tensor, drafts: list[int]) -> list[int]:
+        seq = req.seq
+        target = processed_rows(rows, seq, [drafts[:j] for j in range(len(drafts) + 1)])
+        if seq.params.greedy:
+            emitted = verify_greedy(target, drafts)
+        else:
+            rng = self._acceptance_rngs.setdefault(
+                req.request_id, torch.Generator(device=rows.device).manual_seed(seq.sampler.seed))
+            emitted = verify_sampled(target, drafts, None, rng)  # prompt lookup: point-mass drafts
+        self.spec_stats.record(len(drafts), len(emitted))
+        for position in range(len(emitted) - 1):
+            self.accepted_per_position[position] += 1
+        return emitted
+
+    def stats(self) -> dict:
+        return {**super().stats(), "speculative": self.speculative.method, **self.spec_stats.to_json()}

@@ -1,0 +1,129 @@
+"""Speculation inside the continuous batch: every request gets exactly the tokens it gets without
+speculation, while requests accept different lengths in one step, finish inside an accepted run,
+prefill in chunks beside drafted decodes, hit the prefix cache and get preempted."""
+import pytest
+import torch
+
+from course.final.engine import Engine, SpeculativeConfig
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import TINY_EOS, tiny_model
+from course.s04_continuous_batching.engine import EngineConfig
+from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+from course.s05_speculative.drafter import Draft, Drafter
+from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+SHARED = b"You are a helpful assistant. "
+PROMPTS = [SHARED + b"abcabcabc", b"a", SHARED + b"the cat sat on the mat, the cat", b"0123456789" * 2, b"xyzxyz"]
+POOLS = {"roomy": 64, "tight": 22}
+
+
+class OracleDrafter(Drafter):
+    """Proposes each request's true continuation (from a run without speculation), corrupted
+    at chosen output positions, so acceptance lengths differ from request to request."""
+
+    name = "oracle"
+
+    def __init__(self, truth: dict[tuple, list[int]], wrong_every: int):
+        self.truth, self.wrong_every = truth, wrong_every
+
+    def propose(self, seq, k):
+        future = self.truth[tuple(seq.prompt_ids)][len(seq.output_ids):][:k]
+        done = len(seq.output_ids)
+        return Draft([t if (done + i) % self.wrong_every else (t + 1) % 256 for i, t in enumerate(future)])
+
+
+def reference(model, tok, params, pool):
+    engine = BatchingEngine(model, tok, EngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4,
+                                                     max_num_batched_tokens=12), [TINY_EOS])
+    return [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], params)]
+
+
+def speculative(model, tok, params, pool, drafter=None, k=4):
+    config = KernelEngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+    engine = Engine(model, tok, config, [TINY_EOS], SpeculativeConfig("lookup", k), drafter=drafter)
+    accepted_per_step, engine.mixed_steps = [], 0
+    ids = [engine.add_request(list(p), params) for p in PROMPTS]
+    while engine.has_unfinished():
+        before = {r: len(engine.requests[r].seq.output_ids) for r in ids}
+        engine.step()
+        accepted_per_step.append({r: len(engine.requests[r].seq.output_ids) - before[r] for r in ids})
+        prefilling = [r for r, _, _ in engine.step_log[-1]["chunks"] if before[r] == 0]
+        engine.mixed_steps += bool(prefilling and any(engine.drafts.values()))
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks  # the pool is whole again
+    return [engine.requests[r].seq.output_ids for r in ids], engine, accepted_per_step
+
+
+GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_prompt_lookup_in_the_batch_gives_the_same_greedy_tokens(tiny, byte_tok, pool):
+    _, model = tiny
+    got, engine, _ = speculative(model, byte_tok, GREEDY, pool)
+    assert got == reference(model, byte_tok, GREEDY, pool)
+    assert engine.spec_stats.proposed > 0
+    if pool == "tight":
+        assert engine.stats()["preemptions"] > 0
+
+
+@pytest.mark.parametrize("wrong_every", [2, 3, 4])
+def test_requests_accept_different_lengths_in_one_step(byte_tok, wrong_every):
+    model = tiny_model("gqa_tied")
+    want = reference(model, byte_tok, GREEDY, "roomy")
+    truth = {tuple(p): w for p, w in zip(PROMPTS, want)}
+    got, engine, steps = speculative(model, byte_tok, GREEDY, "roomy", OracleDrafter(truth, wrong_every))
+    assert got == want
+    assert any(len({n for n in step.values() if n > 0}) > 1 for step in steps)  # different lengths, same step
+    assert engine.spec_stats.accepted > 0 and engine.spec_stats.accepted < engine.spec_stats.proposed
+    assert engine.mixed_steps > 0  # drafted decodes shared steps with prefill chunks
+
+
+def test_a_stop_inside_an_accepted_run_ends_the_request_there(byte_tok):
+    model = tiny_model("gqa_tied")
+    want = reference(model, byte_tok, GREEDY, "roomy")
+    stop_token = want[2][5]  # a token request 2 emits mid-answer
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, stop_token_ids=[stop_token], ignore_eos=True)
+    truth = {tuple(p): w for p, w in zip(PROMPTS, want)}
+    got, engine, _ = speculative(model, byte_tok, params, "roomy", OracleDrafter(truth, wrong_every=99), k=6)
+    assert got == reference(model, byte_tok, params, "roomy")
+    assert len(got[2]) < 16 and got[2][-1] == stop_token
+
+
+def test_seeded_sampled_requests_reproduce_with_speculation(byte_tok):
+    model = tiny_model("gqa_tied")
+    params = SamplingParams(max_new_tokens=16, temperature=0.8, seed=11)
+    first, engine, _ = speculative(model, byte_tok, params, "roomy")
+    second, _, _ = speculative(model, byte_tok, params, "roomy")
+    assert first == second and engine.spec_stats.proposed > 0
+
+
+def test_requests_with_logprobs_or_processors_are_not_speculated(byte_tok):
+    model = tiny_model("gqa_tied")
+    seen = []
+
+    def processor(output_ids, logits):
+        seen.append(len(output_ids))
+        return logits
+    config = KernelEngineConfig(num_blocks=64, block_size=4)
+    for params in (SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=2),
+                   SamplingParams(max_new_tokens=8, temperature=0.0, logits_processors=[processor])):
+        engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 4))
+        engine.generate([list(b"abcabcabcabc")], params)
+        assert engine.spec_stats.proposed == 0
+    assert seen == list(range(8))  # the processor saw every token, one at a time
+
+
+def test_speculative_config_is_checked():
+    with pytest.raises(ValueError, match="unknown speculative method"):
+        SpeculativeConfig("medusa")
+    with pytest.raises(ValueError, match="at least 1"):
+        SpeculativeConfig("lookup", 0)
+
+
+def test_lookup_acceptance_counts_are_consistent(byte_tok):
+    model = tiny_model("mha_untied")
+    _, engine, _ = speculative(model, byte_tok, GREEDY, "roomy")
+    s = engine.spec_stats
+    assert s.emitted == s.accepted + s.target_forwards
+    assert sum(engine.accepted_per_position) == s.accepted
+    assert torch.tensor(engine.accepted_per_position).diff().le(0).all()  # position i+1 needs i accepted
