@@ -7,7 +7,7 @@ the same tokens):
   chat     ShareGPT first turns (answers rarely quote the prompt: prompt lookup finds little)
   rewrite  "repeat/fix this text" requests (answers quote the prompt: lookup's best case)
 At each concurrency (requests in flight at once; 1 = single stream) every system serves the
-same requests: speculation off, and prompt lookup with k = 2 and 4. Printed: output tok/s,
+same requests: speculation off, prompt lookup and EAGLE (stage 05's head) with k = 2 and 4. Printed: output tok/s,
 the ratio to "off", drafted tokens accepted, and tokens emitted per verifying forward.
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ REWRITE = [
     "with my family.'",
     "Copy this code and add a comment on top: def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b",
 ]
-SYSTEMS = {"off": None, "lookup k=2": SpeculativeConfig("lookup", 2), "lookup k=4": SpeculativeConfig("lookup", 4)}
+SYSTEMS = {"off": None, "lookup k=2": SpeculativeConfig("lookup", 2), "lookup k=4": SpeculativeConfig("lookup", 4),
+           "eagle k=2": SpeculativeConfig("eagle", 2), "eagle k=4": SpeculativeConfig("eagle", 4)}
 
 
 def serve(loaded, prompts, max_output: int, concurrency: int, spec) -> dict:

@@ -63,7 +63,8 @@ def build_server(args: argparse.Namespace):
                                 max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                 record_steps=False, **kernel_options(args))
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
-    speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens)
+    speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
+                                    disable_by_batch_size=args.speculative_disable_by_batch_size)
     engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative),
                          ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
@@ -95,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on with CUDA)")
     sp = s.add_argument_group("speculative decoding (stage 05, inside the batch)")
     sp.add_argument("--speculative-method", choices=METHODS, default="none",
-                    help="lookup: prompt lookup (vLLM's ngram); greedy and sampled requests alike")
+                    help="lookup: prompt lookup (vLLM's ngram); eagle: stage 05's EAGLE head (trained for SmolLM2-135M)")
     sp.add_argument("--num-speculative-tokens", type=int, default=4, help="drafts per request per step")
+    sp.add_argument("--speculative-disable-by-batch-size", type=int,
+                    help="no speculation in steps with more running requests than this")
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")

@@ -14,7 +14,8 @@ plain decodes. Then, per request:
 Requests accept different lengths in one step; an EOS or a stop string inside an accepted run
 ends the request there. Requests that ask for logprobs or carry a logits processor (a grammar)
 are not speculated: stage 05's verification does not yet apply processors, and emitted drafts
-have no logprobs. The drafter here is prompt lookup; EAGLE in the batch is still to come.
+have no logprobs. Drafters: prompt lookup, or EAGLE with one feature store and head cache per
+request (drafters.py), fed every chunk's hidden states and rolled back with the verification.
 """
 from __future__ import annotations
 
@@ -24,20 +25,22 @@ import torch
 
 from course.s04_continuous_batching.engine import StepOutput
 from course.s05_speculative.drafter import Drafter
-from course.s05_speculative.prompt_lookup import PromptLookupDrafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
 
+from .drafters import DraftSource, make_source
 from .spec_scheduler import SpeculativeScheduler
 
-METHODS = ("none", "lookup")
+METHODS = ("none", "lookup", "eagle")
 
 
 @dataclass
 class SpeculativeConfig:
-    method: str = "none"             # "none" or "lookup" (prompt lookup, vLLM's "ngram")
+    method: str = "none"             # "none", "lookup" (prompt lookup, vLLM's "ngram") or "eagle"
     num_speculative_tokens: int = 4  # k: drafts per request per step
+    eagle_head: str | None = None    # default: stage 05's head, trained for SmolLM2-135M
+    disable_by_batch_size: int | None = None  # no drafts in a step with more running requests (vLLM's rule)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -48,24 +51,32 @@ class SpeculativeConfig:
 
 class Engine(LLMEngine):
     def __init__(self, model, tokenizer, config=None, eos_token_ids=(), speculative: SpeculativeConfig | None = None,
-                 drafter: Drafter | None = None, **kwargs):
+                 drafter: Drafter | DraftSource | None = None, **kwargs):
         """`drafter` overrides the one `speculative.method` names (tests pass an oracle)."""
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
-        self.speculative = speculative or SpeculativeConfig()
-        self.drafter = drafter or (PromptLookupDrafter() if self.speculative.method == "lookup" else None)
+        self.speculative = speculative = speculative or SpeculativeConfig()
+        # the unfused model: EAGLE borrows its embedding and lm_head
+        if isinstance(drafter, Drafter):
+            drafter = DraftSource(drafter)
+        self.source = drafter or make_source(speculative.method, model, speculative.eagle_head)
         self.drafts = self.scheduler.drafts
+        self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
 
     def step(self) -> list[StepOutput]:
         self._propose()
-        return super().step()
+        outputs = super().step()
+        if self.source is not None:  # finished, aborted or failed requests leave no drafter state
+            self.source.prune({r.request_id for r in self.scheduler.running + self.scheduler.waiting})
+        return outputs
 
     def _propose(self) -> None:
         self.drafts.clear()
-        if self.drafter is None:
-            return
+        limit = self.speculative.disable_by_batch_size
+        if self.source is None or (limit is not None and len(self.scheduler.running) > limit):
+            return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
         for req in self.scheduler.running:
             seq = req.seq
             if req.num_uncomputed != 1 or seq.params.logprobs is not None or seq.params.logits_processors:
@@ -73,9 +84,10 @@ class Engine(LLMEngine):
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
             if k > 0:
-                tokens = self.drafter.propose(seq, k).tokens
-                if tokens:
-                    self.drafts[req.request_id] = list(tokens)
+                draft = self.source.propose(req, k)
+                if draft.tokens:
+                    self.drafts[req.request_id] = list(draft.tokens)
+                    self.draft_probs[req.request_id] = draft.probs
 
     def _split(self, req, n: int) -> tuple[int, list[int]]:
         """(rows of real tokens, drafts) of a chunk of n rows."""
@@ -95,11 +107,14 @@ class Engine(LLMEngine):
         return token_ids, seqs, sample_rows
 
     def _postprocess(self, chunks, logits) -> list[StepOutput]:
-        outputs, i = [], 0
+        outputs, i, row = [], 0, 0  # i: logits rows (sampling rows only); row: hidden rows (all)
         for req, n in chunks:
             real, drafts = self._split(req, n)
+            start, row = req.num_computed_tokens, row + n
             if not drafts:  # stage 04's path, one chunk at a time
-                samples = req.num_computed_tokens + n == req.num_tokens  # it has a logits row
+                if self.source is not None:  # every computed position's feature, prefill chunks included
+                    self.source.observe(req, self.last_hidden[row - n:row], start)
+                samples = start + n == req.num_tokens  # it has a logits row
                 outputs += super()._postprocess([(req, n)], logits[i:i + 1])
                 i += samples
                 continue
@@ -113,6 +128,7 @@ class Engine(LLMEngine):
                 continue
             req.num_computed_tokens += len(emitted)  # the last token + accepted drafts have K/V now
             self.blocks.truncate(req.request_id, req.num_computed_tokens)
+            self.source.observe(req, self.last_hidden[row - n:row - n + len(emitted)], start)  # kept rows only
             for event in emit(req.seq, emitted):
                 outputs.append(StepOutput(req.request_id, event))
                 if event.finish_reason:
@@ -131,7 +147,8 @@ class Engine(LLMEngine):
         else:
             rng = self._acceptance_rngs.setdefault(
                 req.request_id, torch.Generator(device=rows.device).manual_seed(seq.sampler.seed))
-            emitted = verify_sampled(target, drafts, None, rng)  # prompt lookup: point-mass drafts
+            probs = self.draft_probs.get(req.request_id)  # None: point-mass drafts (prompt lookup)
+            emitted = verify_sampled(target, drafts, None if probs is None else probs[:len(drafts)], rng)
         self.spec_stats.record(len(drafts), len(emitted))
         for position in range(len(emitted) - 1):
             self.accepted_per_position[position] += 1

@@ -88,6 +88,8 @@ def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
     (["--model", "{tmp}/missing"], "error:"),
     (["--model", "{tiny}", "--kv-memory", "lots"], "cannot read 'lots'"),
     (["--model", "{tiny}", "--kv-memory", "16"], "holds no block"),
+    (["--model", "{tiny}", "--speculative-method", "eagle"], "cannot load the EAGLE head"),
+    (["--model", "{tiny}", "--speculative-method", "lookup", "--num-speculative-tokens", "0"], "at least 1"),
 ])
 def test_cli_bad_arguments_exit_2_with_a_message(tiny_folder, tmp_path, capsys, args, message):
     args = [a.format(tmp=tmp_path, tiny=tiny_folder) for a in args]

@@ -4,12 +4,14 @@ prefill in chunks beside drafted decodes, hit the prefix cache and get preempted
 import pytest
 import torch
 
+from course.final.drafters import EagleSource, make_source
 from course.final.engine import Engine, SpeculativeConfig
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from course.s05_speculative.drafter import Draft, Drafter
+from course.s05_speculative.eagle import EagleHead
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 SHARED = b"You are a helpful assistant. "
@@ -38,9 +40,9 @@ def reference(model, tok, params, pool):
     return [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], params)]
 
 
-def speculative(model, tok, params, pool, drafter=None, k=4):
+def speculative(model, tok, params, pool, drafter=None, k=4, **spec):
     config = KernelEngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
-    engine = Engine(model, tok, config, [TINY_EOS], SpeculativeConfig("lookup", k), drafter=drafter)
+    engine = Engine(model, tok, config, [TINY_EOS], SpeculativeConfig("lookup", k, **spec), drafter=drafter)
     accepted_per_step, engine.mixed_steps = [], 0
     ids = [engine.add_request(list(p), params) for p in PROMPTS]
     while engine.has_unfinished():
@@ -113,6 +115,18 @@ def test_requests_with_logprobs_or_processors_are_not_speculated(byte_tok):
     assert seen == list(range(8))  # the processor saw every token, one at a time
 
 
+def test_speculation_stops_when_the_batch_grows_past_the_limit(byte_tok):
+    model = tiny_model("gqa_tied")
+    want = reference(model, byte_tok, GREEDY, "roomy")
+    truth = {tuple(p): w for p, w in zip(PROMPTS, want)}
+    got, engine, steps = speculative(model, byte_tok, GREEDY, "roomy", OracleDrafter(truth, 3), disable_by_batch_size=2)
+    assert got == want
+    # with up to 4 running, steps with 3+ requests decoding emit one token each; speculation resumes at 2
+    crowded = [s for s in steps if sum(n > 0 for n in s.values()) > 2]
+    assert crowded and all(max(s.values()) == 1 for s in crowded)
+    assert engine.spec_stats.proposed > 0
+
+
 def test_speculative_config_is_checked():
     with pytest.raises(ValueError, match="unknown speculative method"):
         SpeculativeConfig("medusa")
@@ -127,3 +141,54 @@ def test_lookup_acceptance_counts_are_consistent(byte_tok):
     assert s.emitted == s.accepted + s.target_forwards
     assert sum(engine.accepted_per_position) == s.accepted
     assert torch.tensor(engine.accepted_per_position).diff().le(0).all()  # position i+1 needs i accepted
+
+
+def random_eagle(model, seed=0):
+    torch.manual_seed(seed)
+    head = EagleHead(model.config)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    return EagleSource(head.eval(), model)
+
+
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_eagle_in_the_batch_gives_the_same_greedy_tokens(tiny, byte_tok, pool):
+    """A random head drafts badly, but per-request features and head caches must stay right
+    through chunked prefill, partial acceptance and preemption (recompute from position 0)."""
+    _, model = tiny
+    source = random_eagle(model)
+    got, engine, _ = speculative(model, byte_tok, GREEDY, pool, drafter=source)
+    assert got == reference(model, byte_tok, GREEDY, pool)
+    assert engine.spec_stats.proposed > 0
+    assert not source.per_request  # every request's drafter state was dropped when it finished
+    if pool == "tight":
+        assert engine.stats()["preemptions"] > 0
+
+
+def test_eagle_sampled_requests_reproduce_and_use_the_draft_distribution(byte_tok):
+    model = tiny_model("gqa_tied")
+    params = SamplingParams(max_new_tokens=12, temperature=0.7, seed=5)
+    first, engine, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model))
+    second, _, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model))
+    assert first == second and engine.spec_stats.proposed > 0
+
+
+def test_a_head_for_another_model_is_refused_clearly():
+    with pytest.raises(ValueError, match="cannot load the EAGLE head"):
+        make_source("eagle", tiny_model("gqa_tied"))  # the committed head is SmolLM2-135M's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle", "lookup"])
+def test_real_model_speculation_in_the_batch_keeps_every_greedy_token(smollm2, method):
+    from course.s01_decode_loop.generate import encode_prompt
+    prompts = [encode_prompt(smollm2.tokenizer, p, chat=True) for p in
+               ["What is the capital of France?", "Repeat exactly: one two three four five six seven.",
+                "Write a haiku about the sea.", "List three primary colors."]]
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
+    want = BatchingEngine(smollm2.model, smollm2.tokenizer, EngineConfig(num_blocks=128), smollm2.eos_token_ids)
+    engine = Engine(smollm2.model, smollm2.tokenizer, KernelEngineConfig(num_blocks=128), smollm2.eos_token_ids,
+                    SpeculativeConfig(method, 4))
+    assert [o.token_ids for o in engine.generate(prompts, params)] == \
+        [o.token_ids for o in want.generate(prompts, params)]
+    assert engine.spec_stats.accepted > 0  # the real head (or lookup) does get drafts accepted

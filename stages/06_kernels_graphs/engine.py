@@ -54,6 +54,7 @@ class LLMEngine(BatchingEngine):
     def _run(self, chunks):
         out = self.runner.run(*self._flatten(chunks))
         self.graphed_steps += out.graphed
+        self.last_hidden = out.hidden  # every row's final hidden state: drafters (final/'s EAGLE) read it
         return out.logits
 
     def stats(self) -> dict:

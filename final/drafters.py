@@ -1,0 +1,75 @@
+"""Where the batch's drafts come from: stage 05's drafters, one state per request.
+
+Stage 05's drafters serve one sequence at a time. In a continuous batch many requests draft in
+the same step, and a drafter with state (EAGLE keeps the target's features and its own one-layer
+KV cache) needs that state per request, fed with the target's hidden states of every chunk the
+request ran (prefill chunks included) and rolled back to the accepted length after verification.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from course.s04_continuous_batching.request import Request
+from course.s05_speculative.drafter import Draft, Drafter
+from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
+from course.s05_speculative.prompt_lookup import PromptLookupDrafter
+
+
+class DraftSource:
+    """One drafter shared by every request (it keeps no state between calls)."""
+
+    def __init__(self, drafter: Drafter):
+        self.drafter = drafter
+
+    def propose(self, req: Request, k: int) -> Draft:
+        return self.drafter.propose(req.seq, k)
+
+    def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
+        """The target's final hidden states of positions start.. of `req`, all on kept tokens."""
+
+    def prune(self, alive: set[int]) -> None:
+        """Drop whatever was kept for requests not in `alive` (finished, aborted, failed)."""
+
+
+class EagleSource(DraftSource):
+    """An EagleDrafter per request around one shared head (the head's weights are shared; the
+    features and the head's KV cache are the request's own)."""
+
+    def __init__(self, head: EagleHead, target):
+        self.head, self.target = head, target
+        self.per_request: dict[int, EagleDrafter] = {}
+
+    def _drafter(self, req: Request) -> EagleDrafter:
+        drafter = self.per_request.get(req.request_id)
+        if drafter is None:
+            drafter = self.per_request[req.request_id] = EagleDrafter(self.head, self.target)
+            drafter.begin(req.seq)
+        return drafter
+
+    def propose(self, req: Request, k: int) -> Draft:
+        drafter = self.per_request.get(req.request_id)
+        if drafter is None or drafter.num_features != req.num_computed_tokens:
+            return Draft([])  # it has not seen every computed position yet (cannot happen when caught up)
+        return drafter.propose(req.seq, k)
+
+    def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
+        self._drafter(req).observe(hidden, start)
+
+    def prune(self, alive: set[int]) -> None:
+        for request_id in set(self.per_request) - alive:
+            del self.per_request[request_id]
+
+
+def make_source(method: str, target, eagle_head: str | Path | None = None) -> DraftSource | None:
+    if method == "none":
+        return None
+    if method == "lookup":
+        return DraftSource(PromptLookupDrafter())
+    path = Path(eagle_head or DEFAULT_HEAD)
+    try:
+        head = EagleHead.load(path, target)
+    except (RuntimeError, OSError) as e:  # a head trained for another model, or no file
+        raise ValueError(f"cannot load the EAGLE head {path} for this model: {e}") from None
+    return EagleSource(head, target)
