@@ -12,9 +12,10 @@ plain decodes. Then, per request:
     blocks.truncate(num_computed)     (lookahead blocks past them go back to the pool)
 
 Requests accept different lengths in one step; an EOS or a stop string inside an accepted run
-ends the request there. Requests that ask for logprobs or carry a logits processor (a grammar)
-are not speculated: stage 05's verification does not yet apply processors, and emitted drafts
-have no logprobs. Drafters: prompt lookup, or EAGLE with one feature store and head cache per
+ends the request there. A request's logits processors (a `response_format` grammar) mask every
+verified row, so a draft the grammar forbids is always rejected, and the grammar's matcher rolls
+back to what was kept. Requests that ask for logprobs are not speculated (emitted drafts have
+none). Drafters: prompt lookup, or EAGLE with one feature store and head cache per
 request (drafters.py), fed every chunk's hidden states and rolled back with the verification.
 """
 from __future__ import annotations
@@ -79,8 +80,8 @@ class Engine(LLMEngine):
             return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
         for req in self.scheduler.running:
             seq = req.seq
-            if req.num_uncomputed != 1 or seq.params.logprobs is not None or seq.params.logits_processors:
-                continue
+            if req.num_uncomputed != 1 or seq.params.logprobs is not None:
+                continue  # prefilling, or asking for logprobs (emitted drafts have none)
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
             if k > 0:

@@ -99,20 +99,52 @@ def test_seeded_sampled_requests_reproduce_with_speculation(byte_tok):
     assert first == second and engine.spec_stats.proposed > 0
 
 
-def test_requests_with_logprobs_or_processors_are_not_speculated(byte_tok):
-    model = tiny_model("gqa_tied")
-    seen = []
+def test_requests_with_logprobs_are_not_speculated(byte_tok):
+    engine = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4), [TINY_EOS],
+                    SpeculativeConfig("lookup", 4))
+    out = engine.generate([list(b"abcabcabcabc")], SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=2))
+    assert engine.spec_stats.proposed == 0 and len(out[0].token_ids) == 8
 
-    def processor(output_ids, logits):
-        seen.append(len(output_ids))
-        return logits
+
+GRAMMAR = r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]"
+
+
+@pytest.mark.parametrize("wrong_every", [1, 2, 99])
+def test_grammar_requests_never_accept_a_forbidden_draft(byte_tok, wrong_every):
+    """Drafts corrupted into bytes the grammar forbids (every draft, every 2nd, almost none):
+    each corrupted one is rejected, outputs equal the unspeculated engine's and match the grammar."""
+    import re
+
+    from course.s08_structured.generate import GrammarLogitsProcessor
+    from course.s08_structured.matcher import compile_grammar
+    from course.s08_structured.sources import grammar_from_regex
+    from course.s08_structured.vocab import TokenizerInfo
+
+    model = tiny_model("mha_untied")
+    eos = byte_tok.eos_token_id
+    compiled = compile_grammar(grammar_from_regex(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
+    prompts = [list(b"list: "), list(b"Another prompt, longer than the first one: "), list(b"x")]
+
+    def params():
+        return [SamplingParams(max_new_tokens=24, temperature=0.0, logits_processors=[GrammarLogitsProcessor(compiled)])
+                for _ in prompts]
     config = KernelEngineConfig(num_blocks=64, block_size=4)
-    for params in (SamplingParams(max_new_tokens=8, temperature=0.0, logprobs=2),
-                   SamplingParams(max_new_tokens=8, temperature=0.0, logits_processors=[processor])):
-        engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 4))
-        engine.generate([list(b"abcabcabcabc")], params)
-        assert engine.spec_stats.proposed == 0
-    assert seen == list(range(8))  # the processor saw every token, one at a time
+    want = [o.token_ids for o in Engine(model, byte_tok, config, [eos]).generate(prompts, params())]
+
+    class Corrupting(Drafter):
+        def propose(self, seq, k):
+            future = want[[tuple(p) for p in prompts].index(tuple(seq.prompt_ids))][len(seq.output_ids):][:k]
+            return Draft([ord("~") if (len(seq.output_ids) + i) % wrong_every == 0 else t
+                          for i, t in enumerate(future)])  # "~" is never allowed by the grammar
+    engine = Engine(model, byte_tok, config, [eos], SpeculativeConfig("lookup", 4), drafter=Corrupting())
+    got = [o.token_ids for o in engine.generate(prompts, params())]
+    assert got == want and engine.spec_stats.proposed > 0
+    for ids in got:
+        assert re.fullmatch(GRAMMAR, byte_tok.decode(ids, skip_special_tokens=True))
+    if wrong_every == 1:
+        assert engine.spec_stats.accepted == 0
+    else:
+        assert engine.spec_stats.accepted > 0
 
 
 def test_speculation_stops_when_the_batch_grows_past_the_limit(byte_tok):

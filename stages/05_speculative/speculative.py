@@ -69,9 +69,22 @@ def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list
 def processed_rows(logits: torch.Tensor, seq: Sequence, before: list[list[int]]) -> torch.Tensor:
     """Process each verified row as if the drafted tokens `before[row]` had been emitted ahead
     of it (penalties see them): a chain's row i follows its first i drafts, a tree's row follows
-    its node's path. Returns processed logits, or probabilities for a sampled request."""
-    rows = [process_logits(logits[r], seq.params, seq.prompt_ids, seq.output_ids + drafts)
-            for r, drafts in enumerate(before)]
+    its node's path. The request's logits processors (a grammar) act first, as in
+    `Sequence.sample_and_append`. Returns processed logits, or probabilities for a sampled request.
+
+    A draft the processors forbid is always rejected (its probability is 0), so the rows after
+    it are never read; they are not shown to the processors (a grammar cannot even follow a
+    forbidden token) and repeat the last row instead."""
+    rows, blocked = [], False
+    for r, drafts in enumerate(before):
+        blocked = blocked or bool(r and seq.params.logits_processors and rows[-1][drafts[-1]] == float("-inf"))
+        if blocked:  # its path holds a forbidden draft: verification stops before this row
+            rows.append(rows[-1])
+            continue
+        row = logits[r]
+        for processor in seq.params.logits_processors:
+            row = processor(seq.output_ids + drafts, row)
+        rows.append(process_logits(row, seq.params, seq.prompt_ids, seq.output_ids + drafts))
     out = torch.stack(rows)
     return out if seq.params.greedy else torch.softmax(out, dim=-1)
 
@@ -130,6 +143,9 @@ def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int 
     if not seq.params.greedy:
         raise ValueError("tree speculation verifies greedy requests only (temperature 0); "
                          "use the chain (--method eagle) for sampling")
+    if seq.params.logits_processors:
+        raise ValueError("tree speculation does not apply logits processors (a grammar) yet; "
+                         "use the chain, which does")
     stats = stats if stats is not None else SpecStats()
     if cache is None:  # the tree block may reach max_nodes slots past the sequence
         need = check_max_len(seq, model.config.max_position_embeddings)

@@ -40,14 +40,23 @@ class GrammarLogitsProcessor:
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
         self.timings = timings
+        self.tokens: list[int] = []  # what the matcher has accepted, in order
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         m = self.matcher
-        if len(output_ids) < m.num_accepted:          # the caller dropped tokens (speculation)
-            m.rollback(m.num_accepted - len(output_ids))
-        for t in output_ids[m.num_accepted:]:
+        # Speculation asks for masks after drafted tokens, then keeps only some of them (and a
+        # correction in place of the first rejected one): roll back to what the two agree on.
+        same = len(self.tokens)
+        if output_ids[:same] != self.tokens:  # (a C-speed compare in the usual, append-only case)
+            same = next((i for i, (a, b) in enumerate(zip(self.tokens, output_ids)) if a != b),
+                        min(len(self.tokens), len(output_ids)))
+        if same < len(self.tokens):
+            m.rollback(len(self.tokens) - same)
+            del self.tokens[same:]
+        for t in output_ids[same:]:
             if not m.accept_token(t):
                 raise ValueError(f"token {t} was appended although the grammar forbids it")
+            self.tokens.append(t)
         t0 = time.perf_counter()
         m.fill_next_token_bitmask(self.bitmask)
         if self.timings is not None:

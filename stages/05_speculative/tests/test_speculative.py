@@ -135,3 +135,40 @@ def test_truncated_draft_shares_the_targets_weights(byte_tok):
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="num_layers"):
         truncated_model(model, 0)
+
+
+class TokenHistoryFilter:
+    """A stateful logits processor, like a grammar: it allows only tokens greater than the last
+    one it was shown (mod 200), and it must be shown every output it masks for, in order."""
+
+    def __call__(self, output_ids, logits):
+        last = output_ids[-1] if output_ids else 0
+        allowed = torch.zeros_like(logits, dtype=torch.bool)
+        allowed[(last % 200) + 1:] = True
+        return logits.masked_fill(~allowed, float("-inf"))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_speculation_applies_logits_processors_and_never_accepts_a_forbidden_draft(byte_tok, temperature):
+    """Drafts the processor forbids are proposed on purpose; verification must reject each one
+    and emit what the processed target emits (stage 02's loop with the same processor)."""
+    model = tiny_model("gqa_tied")
+    params = SamplingParams(max_new_tokens=20, temperature=temperature, seed=3, ignore_eos=True,
+                            logits_processors=[TokenHistoryFilter()])
+    ref = reference(model, byte_tok, params)
+    for wrong in (False, True):  # right drafts are allowed; each wrong one is a token the filter forbids
+        drafter = Oracle([0 if wrong else t for t in ref.token_ids], model.config.vocab_size)
+        out, stats = speculate(model, byte_tok, params, drafter, 4)
+        assert all(b > a % 200 for a, b in zip(out.token_ids, out.token_ids[1:]))  # the processor held
+        if temperature == 0:
+            assert out.token_ids == ref.token_ids
+        if wrong:
+            assert stats.accepted == 0 and stats.proposed > 0
+
+
+def test_tree_speculation_refuses_logits_processors(byte_tok):
+    from course.s05_speculative.speculative import stream_tree_speculative
+    seq = Sequence(PROMPT, SamplingParams(max_new_tokens=4, temperature=0, logits_processors=[TokenHistoryFilter()]),
+                   byte_tok, [byte_tok.eos_token_id])
+    with pytest.raises(ValueError, match="logits processors"):
+        list(stream_tree_speculative(tiny_model("gqa_tied"), seq, drafter=None))

@@ -4,6 +4,7 @@ import json
 import re
 
 import jsonschema
+import torch
 import pytest
 
 from course.s01_decode_loop.generate import encode_prompt, run_to_end
@@ -137,3 +138,21 @@ def test_the_logits_processor_equals_the_constrained_loop(byte_tok):
     for ids in expected:
         text = byte_tok.decode(ids, skip_special_tokens=True)
         assert ids[-1] == eos[0] and re.fullmatch(r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]", text), text
+
+
+def test_the_logits_processor_rolls_back_to_what_the_caller_kept(byte_tok):
+    """Speculation asks for masks after drafted tokens, then keeps a prefix of them and a
+    correction in place of the first rejected one: the processor must return to that prefix,
+    not just to that length (same length, different last token)."""
+    from course.s08_structured.generate import GrammarLogitsProcessor
+
+    compiled = compile_grammar(grammar_from_regex(r"abd|ace"), TokenizerInfo.from_huggingface(byte_tok))
+    a, b, c, d, e = (byte_tok.convert_tokens_to_ids(ch) for ch in "abcde")
+    logits = torch.zeros(len(byte_tok))
+    spec = GrammarLogitsProcessor(compiled)
+    spec([], logits)
+    spec([a, b], logits)  # the masks after drafts "a", "b"
+    kept = spec([a, c], logits)  # "b" rejected, "c" chosen instead: after "ac", only "e" is allowed
+    fresh = GrammarLogitsProcessor(compiled)([a, c], logits)
+    assert torch.equal(kept.isinf(), fresh.isinf())
+    assert not kept[e].isinf() and kept[d].isinf()
