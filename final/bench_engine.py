@@ -1,6 +1,7 @@
 """Speculation inside the batch, on and off, side by side in one run.
 
-    python -m course.final.bench_engine [--requests 8] [--max-output 64] [--concurrency 1 8] [--json out.json]
+    python -m course.final.bench_engine [--requests 8] [--max-output 64] [--concurrency 1 8]
+                                        [--sections speculation features] [--json out.json]
 
 Two workloads on the default model (greedy, chat template, EOS honoured so every system emits
 the same tokens):
@@ -8,7 +9,9 @@ the same tokens):
   rewrite  "repeat/fix this text" requests (answers quote the prompt: lookup's best case)
 At each concurrency (requests in flight at once; 1 = single stream) every system serves the
 same requests: speculation off, prompt lookup and EAGLE (stage 05's head) with k = 2 and 4. Printed: output tok/s,
-the ratio to "off", drafted tokens accepted, and tokens emitted per verifying forward.
+the ratio to "off", drafted tokens accepted, and tokens emitted per verifying forward. Then,
+on the chat workload at the highest concurrency, the engine's features one at a time (prefix
+caching, chunked prefill, stage 06's runner against stage 04's engine, fused weights).
 """
 from __future__ import annotations
 
@@ -36,18 +39,49 @@ SYSTEMS = {"off": None, "lookup k=2": SpeculativeConfig("lookup", 2), "lookup k=
            "eagle k=2": SpeculativeConfig("eagle", 2), "eagle k=4": SpeculativeConfig("eagle", 4)}
 
 
-def serve(loaded, prompts, max_output: int, concurrency: int, spec) -> dict:
-    config = KernelEngineConfig(num_blocks=1024, max_num_seqs=concurrency, max_num_batched_tokens=512,
-                                record_steps=False)
-    engine = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec)
+# Engine features on and off (speculation off) on the chat workload, token budget 128 so that
+# long prompts are chunked: each row changes one thing against the first (without chunking the
+# budget must hold a whole prompt, so that row has 512).
+FEATURES = {"all on (default)": {}, "no prefix caching": {"enable_prefix_caching": False},
+            "no chunked prefill (budget 512: whole prompts)": {"enable_chunked_prefill": False,
+                                                               "max_num_batched_tokens": 512},
+            "stage 04's engine (no ModelRunner)": {"engine": "stage04"},
+            "fused (merged QKV/gate-up)": {"fused": True}}
+
+
+def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = "final", **features):
+    sizes = dict(num_blocks=1024, max_num_seqs=concurrency, max_num_batched_tokens=budget, record_steps=False)
+    if engine == "stage04":
+        from course.s04_continuous_batching.engine import EngineConfig
+        from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+        return BatchingEngine(loaded.model, loaded.tokenizer, EngineConfig(**sizes), loaded.eos_token_ids)
+    return Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(**(sizes | features)), loaded.eos_token_ids, spec)
+
+
+def serve(engine, prompts, max_output: int) -> dict:
     params = SamplingParams(max_new_tokens=max_output, temperature=0.0)
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outputs)
-    s = engine.spec_stats
-    return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "acceptance_rate": s.acceptance_rate,
-            "mean_accepted_length": s.mean_accepted_length, "outputs": [o.token_ids for o in outputs]}
+    s = getattr(engine, "spec_stats", None)
+    return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
+            "acceptance_rate": s.acceptance_rate if s else 0.0,
+            "mean_accepted_length": s.mean_accepted_length if s else 0.0, "outputs": [o.token_ids for o in outputs]}
+
+
+def table(rows: list[dict], label: str, systems: dict, run) -> None:
+    """Run each system, check it emits the first one's tokens, print and keep a row each."""
+    base = None
+    for name, settings in systems.items():
+        r = run(settings)
+        base = base or r
+        assert r["outputs"] == base["outputs"], f"{name} changed the greedy output"
+        row = {"label": label, "system": name, "vs_first": r["tok_s"] / base["tok_s"]} | \
+            {k: v for k, v in r.items() if k != "outputs"}
+        rows.append(row)
+        print(f"{label:16s} {name:36s} {row['tok_s']:7.1f} tok/s  x{row['vs_first']:.2f}"
+              f"  accepted {row['acceptance_rate']:.0%}  {row['mean_accepted_length']:.2f} tok/forward")
 
 
 def main(argv=None):
@@ -55,6 +89,7 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--sections", nargs="+", choices=["speculation", "features"], default=["speculation", "features"])
     p.add_argument("--json")
     args = p.parse_args(argv)
     loaded = load_model()
@@ -62,19 +97,16 @@ def main(argv=None):
     chat = [r.prompt for r in sample_requests(tok, args.requests, seed=0, max_prompt_tokens=256)]
     workloads = {"chat": chat, "rewrite": (REWRITE * args.requests)[:args.requests]}
     rows = []
-    for workload, texts in workloads.items():
+    for workload, texts in workloads.items() if "speculation" in args.sections else ():
         prompts = [encode_prompt(tok, t, chat=True) for t in texts]
         for concurrency in args.concurrency:
-            base = None
-            for name, spec in SYSTEMS.items():
-                r = serve(loaded, prompts, args.max_output, concurrency, spec)
-                base = base or r
-                assert r["outputs"] == base["outputs"], f"{name} changed the greedy output"
-                row = {"workload": workload, "concurrency": concurrency, "system": name,
-                       "vs_off": r["tok_s"] / base["tok_s"]} | {k: v for k, v in r.items() if k != "outputs"}
-                rows.append(row)
-                print(f"{workload:8s} c={concurrency:<3d} {name:11s} {row['tok_s']:7.1f} tok/s  x{row['vs_off']:.2f}"
-                      f"  accepted {row['acceptance_rate']:.0%}  {row['mean_accepted_length']:.2f} tok/forward")
+            table(rows, f"{workload} c={concurrency}", SYSTEMS,
+                  lambda spec: serve(make_engine(loaded, concurrency, 512, spec), prompts, args.max_output))
+    prompts = [encode_prompt(tok, t, chat=True) for t in workloads["chat"]]
+    top = max(args.concurrency)
+    if "features" in args.sections:
+        table(rows, f"features c={top}", FEATURES,
+              lambda features: serve(make_engine(loaded, top, 128, **features), prompts, args.max_output))
     if args.json:
         write_json(args.json, rows)
 

@@ -89,6 +89,9 @@ class LLMEngine:
             raise ValueError("the prompt is empty")
         seq = Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids)
         check_fits(seq, self.max_model_len, self.blocks)
+        if not self.config.enable_chunked_prefill and len(prompt_ids) > self.config.max_num_batched_tokens:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; with chunked prefill off a prompt must fit "
+                             f"one step's budget (max_num_batched_tokens={self.config.max_num_batched_tokens})")
         return seq
 
     def add_sequence(self, seq: Sequence) -> int:

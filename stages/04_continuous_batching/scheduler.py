@@ -82,7 +82,9 @@ class Scheduler:
 
     def _tokens_for(self, req: Request, budget: int) -> int:
         need = req.num_uncomputed
-        if self.enable_chunked_prefill:
+        if self.enable_chunked_prefill or need > self.max_num_batched_tokens:
+            # (the second case: a preempted request recomputing more than any step can hold would
+            # wait forever without chunks; admission keeps prompts within the budget)
             return min(need, budget)
         return need if need <= budget else 0  # without chunking a prompt runs whole or waits
 

@@ -128,6 +128,23 @@ def test_batching_without_chunking_runs_prompts_whole(byte_tok):
     assert [len(o.token_ids) for o in outs] == OUTPUT_LENS
 
 
+def test_batching_without_chunking_refuses_a_prompt_past_the_budget_and_never_hangs(byte_tok):
+    """A prompt no step can hold would wait forever: refused at once. A preempted request whose
+    recompute (prompt + output so far) outgrew the budget is recomputed in chunks instead (with
+    prefix caching off: cached blocks would otherwise shrink the recompute below the budget)."""
+    model = tiny_model("gqa_tied")
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=14, block_size=4, max_num_batched_tokens=21,
+                                                     enable_chunked_prefill=False, enable_prefix_caching=False))
+    with pytest.raises(ValueError, match="chunked prefill off"):
+        engine.add_request(list(range(22)), greedy(4))
+    assert not engine.blocks.tables and not engine.scheduler.waiting
+    work = [prompts(5)[i][:20] for i in (1, 3, 5)]
+    outs = engine.generate(work, [greedy(24)] * 3)  # 20 + 24 tokens each, a 56-token pool: preemptions
+    assert engine.scheduler.num_preemptions > 0
+    for p, out in zip(work, outs):
+        assert out.token_ids == alone(model, byte_tok, p, greedy(24))
+
+
 def test_batching_max_num_seqs_is_respected(byte_tok):
     engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(max_num_seqs=2))
     for p in prompts():
