@@ -224,3 +224,35 @@ def test_real_model_speculation_in_the_batch_keeps_every_greedy_token(smollm2, m
     assert [o.token_ids for o in engine.generate(prompts, params)] == \
         [o.token_ids for o in want.generate(prompts, params)]
     assert engine.spec_stats.accepted > 0  # the real head (or lookup) does get drafts accepted
+
+
+def test_rejection_sampling_in_the_batch_keeps_the_target_distribution(byte_tok):
+    """Many seeded requests at once, each drafting the same token for its second position (a
+    point mass): the second tokens must be distributed as without speculation, the draft kept
+    as often as the target picks it. A verifier that kept every draft, or none, fails."""
+    model = tiny_model("gqa_tied")
+    prompt, n = list(b"to be or not to"), 400
+    config = KernelEngineConfig(num_blocks=8 * n, block_size=4, max_num_seqs=64, max_num_batched_tokens=512)
+
+    def second_tokens(engine, first_seed):
+        params = [SamplingParams(max_new_tokens=3, temperature=0.9, seed=first_seed + s, ignore_eos=True)
+                  for s in range(n)]
+        return torch.tensor([o.token_ids[1] for o in engine.generate([prompt] * n, params)])
+
+    plain = second_tokens(Engine(model, byte_tok, config, [TINY_EOS]), first_seed=10_000)
+    p = torch.bincount(plain, minlength=258).float() / n
+    mode = int(p.argmax())  # the draft: the target's likeliest second token (p ~ 0.37 here)
+    assert 0.15 < p[mode] < 0.85  # a draft that is sometimes right, sometimes wrong
+
+    class Fixed(Drafter):
+        def propose(self, seq, k):
+            return Draft([mode][:k])
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 1), drafter=Fixed())
+    q = torch.bincount(second_tokens(engine, first_seed=0), minlength=258).float() / n
+    stats = engine.spec_stats
+    assert stats.proposed == n
+    assert abs(q[mode] - p[mode]) < 0.1  # ~3 standard deviations of the difference of two samples
+    assert abs(stats.accepted / n - p[mode]) < 0.1  # accepted exactly when the target would pick it
+    rest_p, rest_q = p.clone(), q.clone()
+    rest_p[mode] = rest_q[mode] = 0  # the rejected draws come from the residual: the rest of p
+    assert 0.5 * (rest_p - rest_q).abs().topk(5).values.sum() < 0.1
