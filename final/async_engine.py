@@ -25,6 +25,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s04_continuous_batching.engine import LLMEngine, QueueFullError
 
+from .engine import Engine
 from .metrics import ServerMetrics
 
 
@@ -46,6 +47,8 @@ class _Group:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     seqs: list[Sequence]
+    speculative: bool = True  # False: the engine never drafts for these sequences
+    priority: int = 0         # for the priority scheduling policy: lower first
     request_ids: list[int] = field(default_factory=list)  # filled by the engine thread
 
 
@@ -110,16 +113,18 @@ class AsyncEngine:
         self._thread.join(timeout=10)
 
     # ---- the caller's side ----------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: list[SamplingParams]) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: list[SamplingParams], speculative: bool = True,
+               priority: int = 0) -> RequestStream:
         """Admit one request per entry of `params` on the same prompt (OpenAI's `n`), all or
         none, and return their stream. Raises at once, queueing nothing: ShuttingDownError,
         ValueError (empty prompt, n beyond the queue bound), CacheCapacityError (too long for
-        the context or the whole KV pool; a ValueError too), QueueFullError."""
+        the context or the whole KV pool; a ValueError too), QueueFullError. `speculative=False`:
+        never drafted for (an engine that does not speculate has nothing to switch off)."""
         seqs = [self.engine.make_sequence(prompt_ids, p) for p in params]  # reads fixed sizes only
         with self._waiting_lock:
             self.check_room(len(seqs))
             self._waiting += len(seqs)
-        group = _Group(asyncio.get_running_loop(), asyncio.Queue(), seqs)
+        group = _Group(asyncio.get_running_loop(), asyncio.Queue(), seqs, speculative, priority)
         self._commands.put(("add", group))
         return RequestStream(self, group)
 
@@ -228,10 +233,16 @@ class AsyncEngine:
 
     def _add(self, group: _Group) -> None:
         for index, seq in enumerate(group.seqs):
-            rid = self.engine.add_sequence(seq)  # admitted already: cannot be refused here
+            rid = self._add_sequence(seq, group.speculative, group.priority)  # admitted already: cannot be refused
             group.request_ids.append(rid)
             self._streams[rid] = (group, index)
             self._unscheduled.add(rid)
+
+    def _add_sequence(self, seq: Sequence, speculative: bool, priority: int) -> int:
+        """Only final's Engine drafts, so only it takes the switch (stage 04's serves some tests)."""
+        if isinstance(self.engine, Engine):
+            return self.engine.add_sequence(seq, priority, speculative=speculative)
+        return self.engine.add_sequence(seq, priority)
 
     def _note_scheduled(self) -> None:
         """Free a queue slot for each admitted request that has now been scheduled."""

@@ -1,7 +1,8 @@
 """Speculation inside the batch, on and off, side by side in one run.
 
     python -m course.final.bench_engine [--requests 8] [--max-output 64] [--concurrency 1 8]
-                                        [--sections speculation features] [--json out.json]
+                                        [--sections speculation features json rates] [--json out.json]
+                                        [--rates 0.5 1 inf] [--plot rates.png]
 
 Two workloads on the default model (greedy, chat template, EOS honoured so every system emits
 the same tokens):
@@ -11,12 +12,22 @@ At each concurrency (requests in flight at once; 1 = single stream) every system
 same requests: speculation off, prompt lookup and EAGLE (stage 05's head) with k = 2 and 4. Printed: output tok/s,
 the ratio to "off", drafted tokens accepted, and tokens emitted per verifying forward. Then,
 on the chat workload at the highest concurrency, the engine's features one at a time (prefix
-caching, chunked prefill, stage 06's runner against stage 04's engine, fused weights).
+caching, chunked prefill, stage 06's runner against stage 04's engine, fused weights; the Triton
+backend and CUDA graphs only where CUDA is: on the CPU the interpreter is not a speed).
+
+`json`: requests for a JSON document under a `response_format`-style schema (stage 08's masks),
+with the masks filled during the forward or after it, and with speculation; every grammar
+system must emit the same tokens, and each output is checked to parse. Free text (no grammar)
+is printed beside them for the cost of the masks (its tokens differ, so it is not compared).
+`rates`: Poisson arrivals at several rates with transformers `generate` as the outside
+baseline, TTFT/TPOT per request (bench_load.py); `--plot` draws throughput and CDFs.
 """
 from __future__ import annotations
 
 import argparse
 import time
+
+import torch
 
 from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
@@ -25,6 +36,7 @@ from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
+from .bench_load import plot_rates, run_rates
 from .engine import Engine, SpeculativeConfig
 
 REWRITE = [
@@ -47,19 +59,40 @@ FEATURES = {"all on (default)": {}, "no prefix caching": {"enable_prefix_caching
                                                                "max_num_batched_tokens": 512},
             "stage 04's engine (no ModelRunner)": {"engine": "stage04"},
             "fused (merged QKV/gate-up)": {"fused": True}}
+if torch.cuda.is_available():  # on the CPU these run through the interpreter / a checking stand-in
+    FEATURES |= {"triton attention": {"attention_backend": "triton"},
+                 "triton + fused + CUDA graphs": {"attention_backend": "triton", "fused": True, "cuda_graphs": True}}
+
+JSON_PROMPTS = ["Describe a fictional person as JSON: name, age, city and two hobbies.",
+                "Give me a JSON object for a book: title, author, year and a list of genres.",
+                "Return JSON describing a city: name, country, population and three landmarks.",
+                "Describe a pet as JSON with its name, species, age and favourite toys."]
+JSON_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "kind": {"type": "string", "maxLength": 40},
+    "number": {"type": "integer", "minimum": 0, "maximum": 100000000},
+    "items": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 4}},
+    "required": ["name", "kind", "number", "items"]}
+JSON_SYSTEMS = {"grammar, masks after the forward": dict(prefetch_masks=False),
+                "grammar, masks during the forward": {},
+                "grammar + lookup k=4": dict(spec=SpeculativeConfig("lookup", 4)),
+                "grammar + eagle k=2": dict(spec=SpeculativeConfig("eagle", 2))}
 
 
-def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = "final", **features):
+def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = "final", prefetch_masks=True,
+                **features):
     sizes = dict(num_blocks=1024, max_num_seqs=concurrency, max_num_batched_tokens=budget, record_steps=False)
     if engine == "stage04":
         from course.s04_continuous_batching.engine import EngineConfig
         from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
         return BatchingEngine(loaded.model, loaded.tokenizer, EngineConfig(**sizes), loaded.eos_token_ids)
-    return Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(**(sizes | features)), loaded.eos_token_ids, spec)
+    return Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(**(sizes | features)), loaded.eos_token_ids, spec,
+                  prefetch_masks=prefetch_masks)
 
 
-def serve(engine, prompts, max_output: int) -> dict:
-    params = SamplingParams(max_new_tokens=max_output, temperature=0.0)
+def serve(engine, prompts, max_output: int, processors=None) -> dict:
+    """Offline: every prompt at once. processors(): fresh logits processors for one request."""
+    params = [SamplingParams(max_new_tokens=max_output, temperature=0.0,
+                             logits_processors=processors() if processors else []) for _ in prompts]
     start = time.perf_counter()
     outputs = engine.generate(prompts, params)
     wall = time.perf_counter() - start
@@ -67,18 +100,20 @@ def serve(engine, prompts, max_output: int) -> dict:
     s = getattr(engine, "spec_stats", None)
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall,
             "acceptance_rate": s.acceptance_rate if s else 0.0,
-            "mean_accepted_length": s.mean_accepted_length if s else 0.0, "outputs": [o.token_ids for o in outputs]}
+            "mean_accepted_length": s.mean_accepted_length if s else 0.0, "outputs": [o.token_ids for o in outputs],
+            "texts": [o.text for o in outputs]}
 
 
-def table(rows: list[dict], label: str, systems: dict, run) -> None:
-    """Run each system, check it emits the first one's tokens, print and keep a row each."""
+def table(rows: list[dict], label: str, systems: dict, run, unchecked: tuple[str, ...] = ()) -> None:
+    """Run each system, check it emits the first one's tokens (but those in `unchecked`, which
+    change the output on purpose), print and keep a row each."""
     base = None
     for name, settings in systems.items():
         r = run(settings)
         base = base or r
-        assert r["outputs"] == base["outputs"], f"{name} changed the greedy output"
+        assert name in unchecked or r["outputs"] == base["outputs"], f"{name} changed the greedy output"
         row = {"label": label, "system": name, "vs_first": r["tok_s"] / base["tok_s"]} | \
-            {k: v for k, v in r.items() if k != "outputs"}
+            {k: v for k, v in r.items() if k not in ("outputs", "texts")}
         rows.append(row)
         print(f"{label:16s} {name:36s} {row['tok_s']:7.1f} tok/s  x{row['vs_first']:.2f}"
               f"  accepted {row['acceptance_rate']:.0%}  {row['mean_accepted_length']:.2f} tok/forward")
@@ -89,8 +124,11 @@ def main(argv=None):
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--sections", nargs="+", choices=["speculation", "features"], default=["speculation", "features"])
+    p.add_argument("--sections", nargs="+", choices=["speculation", "features", "json", "rates"],
+                   default=["speculation", "features", "json", "rates"])
+    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, float("inf")])
     p.add_argument("--json")
+    p.add_argument("--plot", help="PNG for the rates section (throughput vs rate, TTFT/TPOT CDFs)")
     args = p.parse_args(argv)
     loaded = load_model()
     tok = loaded.tokenizer
@@ -107,8 +145,53 @@ def main(argv=None):
     if "features" in args.sections:
         table(rows, f"features c={top}", FEATURES,
               lambda features: serve(make_engine(loaded, top, 128, **features), prompts, args.max_output))
+    if "json" in args.sections:
+        json_section(rows, loaded, top, args.requests)
+    if "rates" in args.sections:
+        chat_work = [(encode_prompt(tok, r.prompt, chat=True), min(r.output_len, args.max_output))
+                     for r in sample_requests(tok, args.requests, seed=0, max_prompt_tokens=256)]
+        work = {"chat": chat_work, "rewrite": [(p, args.max_output) for p in
+                                               (encode_prompt(tok, t, chat=True) for t in workloads["rewrite"])]}
+        load_rows = run_rates(loaded, work, args.rates, lambda spec: make_engine(loaded, top, 256, spec))
+        rows += load_rows
+        if args.plot:
+            plot_rates(load_rows, args.plot)
     if args.json:
         write_json(args.json, rows)
+
+
+def json_section(rows: list[dict], loaded, concurrency: int, n: int) -> None:
+    """Grammar-constrained requests: masks during vs after the forward, with speculation; free text beside."""
+    from course.s08_structured.generate import GrammarLogitsProcessor
+    from course.s08_structured.json_schema import json_schema_to_grammar
+    from course.s08_structured.matcher import compile_grammar
+    from course.s08_structured.vocab import TokenizerInfo
+
+    tok = loaded.tokenizer
+    info = TokenizerInfo.from_huggingface(tok, loaded.model.config.vocab_size, loaded.eos_token_ids)
+    compiled = compile_grammar(json_schema_to_grammar(JSON_SCHEMA), info)
+    prompts = [encode_prompt(tok, t, chat=True) for t in (JSON_PROMPTS * n)[:n]]
+    def processors():
+        return [GrammarLogitsProcessor(compiled)]
+    def run(settings):
+        settings = dict(settings)
+        free = settings.pop("free_text", False)
+        r = serve(make_engine(loaded, concurrency, 256, **settings), prompts, 128, None if free else processors)
+        r["valid_json"] = sum(_parses(t) for t in r["texts"]) / len(prompts)
+        print(f"  {r['valid_json']:.0%} of outputs parse as JSON")
+        return r
+    free = "free text (no grammar)"
+    table(rows, f"json c={concurrency}", JSON_SYSTEMS | {free: {"free_text": True}}, run, unchecked=(free,))
+
+
+def _parses(text: str) -> bool:
+    import json
+
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
+from .scheduling import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
 from .server import ServerLimits, build_app
 from .shutdown import GracefulServer
@@ -57,6 +58,7 @@ def build_server(args: argparse.Namespace):
     # typos fail before the model loads
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
+    policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
     loaded = load_model(args.model, dtype=dtype, device=args.device)
     blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
     config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
@@ -65,7 +67,7 @@ def build_server(args: argparse.Namespace):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
-    engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative),
+    engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy),
                          ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
     return engine, build_app(engine, loaded.tokenizer, name, limits)
@@ -100,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--num-speculative-tokens", type=int, default=4, help="drafts per request per step")
     sp.add_argument("--speculative-disable-by-batch-size", type=int,
                     help="no speculation in steps with more running requests than this")
+    sc = s.add_argument_group("scheduling (stage 04's seam; final/scheduling.py)")
+    sc.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
+                    help="fcfs; priority (vLLM's: the request's `priority`, lower first); mlfq (FastServe's skip-join MLFQ)")
+    sc.add_argument("--cost-model", help="MLFQ's cost model, a JSON from `python -m course.final.cost_model` "
+                                         "(default: the one measured on our 2-core CPU)")
+    sc.add_argument("--mlfq-base-quantum", type=float, help="seconds of service at level 0 (default: one decode step)")
+    sc.add_argument("--mlfq-ratio", type=float, default=2.0, help="quantum of level i: base * ratio**i")
+    sc.add_argument("--mlfq-levels", type=int, default=8)
+    sc.add_argument("--mlfq-starvation", type=float,
+                    help="seconds unserved before a request returns to level 0 (default: 100 x the last quantum)")
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")

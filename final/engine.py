@@ -15,8 +15,9 @@ Requests accept different lengths in one step; an EOS or a stop string inside an
 ends the request there. A request's logits processors (a `response_format` grammar) mask every
 verified row, so a draft the grammar forbids is always rejected, and the grammar's matcher rolls
 back to what was kept. Requests that ask for logprobs are not speculated (emitted drafts have
-none). Drafters: prompt lookup, or EAGLE with one feature store and head cache per
-request (drafters.py), fed every chunk's hidden states and rolled back with the verification.
+none), nor those added with `speculative=False` (they decode plainly beside drafted neighbours).
+Drafters: prompt lookup, or EAGLE with one feature store and head cache per request
+(drafters.py), fed every chunk's hidden states and rolled back with the verification.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from course.s05_speculative.verify import verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
 
 from .drafters import DraftSource, make_source
+from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
 METHODS = ("none", "lookup", "eagle")
@@ -52,7 +54,7 @@ class SpeculativeConfig:
 
 class Engine(LLMEngine):
     def __init__(self, model, tokenizer, config=None, eos_token_ids=(), speculative: SpeculativeConfig | None = None,
-                 drafter: Drafter | DraftSource | None = None, **kwargs):
+                 drafter: Drafter | DraftSource | None = None, prefetch_masks: bool = True, **kwargs):
         """`drafter` overrides the one `speculative.method` names (tests pass an oracle)."""
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
         self.speculative = speculative = speculative or SpeculativeConfig()
@@ -65,12 +67,32 @@ class Engine(LLMEngine):
         self.spec_stats = SpecStats()
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
+        self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
+        # Requests that asked not to be drafted for (the API's `speculative: false`). Whether to
+        # speculate is a serving choice, not a sampling one, so it lives here, beside the drafter,
+        # rather than in stage 01's SamplingParams, which every earlier stage shares.
+        self.not_speculated: set[int] = set()
+
+    def add_request(self, prompt_ids, params, *args, speculative: bool = True, **kwargs) -> int:
+        """Stage 04's add_request (its arguments pass through); `speculative=False`: this request
+        is never drafted for. Keyword-only, so it can never catch one of stage 04's arguments."""
+        return self._opt_out(super().add_request(prompt_ids, params, *args, **kwargs), speculative)
+
+    def add_sequence(self, seq, *args, speculative: bool = True, **kwargs) -> int:
+        return self._opt_out(super().add_sequence(seq, *args, **kwargs), speculative)
+
+    def _opt_out(self, request_id: int, speculative: bool) -> int:
+        if not speculative:
+            self.not_speculated.add(request_id)
+        return request_id
 
     def step(self) -> list[StepOutput]:
         self._propose()
         outputs = super().step()
+        alive = {r.request_id for r in self.scheduler.running + self.scheduler.waiting}
         if self.source is not None:  # finished, aborted or failed requests leave no drafter state
-            self.source.prune({r.request_id for r in self.scheduler.running + self.scheduler.waiting})
+            self.source.prune(alive)
+        self.not_speculated &= alive  # nor an opt-out
         return outputs
 
     def _propose(self) -> None:
@@ -80,15 +102,37 @@ class Engine(LLMEngine):
             return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
         for req in self.scheduler.running:
             seq = req.seq
-            if req.num_uncomputed != 1 or seq.params.logprobs is not None:
-                continue  # prefilling, or asking for logprobs (emitted drafts have none)
+            if req.num_uncomputed != 1 or seq.params.logprobs is not None or req.request_id in self.not_speculated:
+                continue  # prefilling, asking for logprobs (emitted drafts have none), or opted out
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
             if k > 0:
                 draft = self.source.propose(req, k)
-                if draft.tokens:
-                    self.drafts[req.request_id] = list(draft.tokens)
+                tokens = self._grammar_prefix(seq, list(draft.tokens))
+                if tokens:
+                    self.drafts[req.request_id] = tokens
                     self.draft_probs[req.request_id] = draft.probs
+
+    @staticmethod
+    def _grammar_prefix(seq, tokens: list[int]) -> list[int]:
+        """A draft cut at the first token the request's grammar forbids: the rows past it would
+        be rejected anyway, so they are not worth a place in the step."""
+        for processor in seq.params.logits_processors:
+            if tokens and hasattr(processor, "valid_prefix"):
+                try:
+                    tokens = tokens[:processor.valid_prefix(seq.output_ids, tokens)]
+                except Exception:  # noqa: BLE001 - it fails again, for this request alone, when it samples
+                    return []
+        return tokens
+
+    def _run(self, chunks):
+        """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""
+        pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
+        try:
+            return super()._run(chunks)
+        finally:
+            if pending is not None:
+                pending.result()  # the masks are ready (or will fail again when their request samples)
 
     def _split(self, req, n: int) -> tuple[int, list[int]]:
         """(rows of real tokens, drafts) of a chunk of n rows."""
@@ -108,16 +152,20 @@ class Engine(LLMEngine):
         return token_ids, seqs, sample_rows
 
     def _postprocess(self, chunks, logits) -> list[StepOutput]:
+        """Drafted chunks are verified one by one; all the others go through stage 04's
+        postprocess together, so their rows are sampled in one batched call."""
         outputs, i, row = [], 0, 0  # i: logits rows (sampling rows only); row: hidden rows (all)
+        plain, plain_rows = [], []  # draft-free chunks, and the logits rows of those that sample
         for req, n in chunks:
             real, drafts = self._split(req, n)
             start, row = req.num_computed_tokens, row + n
-            if not drafts:  # stage 04's path, one chunk at a time
+            if not drafts:  # stage 04's path, after this loop
                 if self.source is not None:  # every computed position's feature, prefill chunks included
                     self.source.observe(req, self.last_hidden[row - n:row], start)
-                samples = start + n == req.num_tokens  # it has a logits row
-                outputs += super()._postprocess([(req, n)], logits[i:i + 1])
-                i += samples
+                plain.append((req, n))
+                if start + n == req.num_tokens:  # it has a logits row
+                    plain_rows.append(i)
+                    i += 1
                 continue
             rows, i = logits[i:i + len(drafts) + 1], i + len(drafts) + 1
             try:
@@ -138,6 +186,8 @@ class Engine(LLMEngine):
                     self._acceptance_rngs.pop(req.request_id, None)
             if not req.finished:
                 self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
+        if plain:  # (when nothing was drafted, every logits row is theirs: no gather)
+            outputs += super()._postprocess(plain, logits if len(plain_rows) == len(logits) else logits[plain_rows])
         return outputs
 
     def _verify(self, req, rows: torch.Tensor, drafts: list[int]) -> list[int]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 from course.s01_decode_loop.sampling import SamplingParams
 
@@ -79,6 +79,11 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = Field(1, ge=1, le=MAX_N)
     ignore_eos: bool = False  # vLLM's extension: benchmarks use it to get exact output lengths
+    # our extension: false = never drafted for (a server started with --speculative-method);
+    # strict, so a string such as "false" is refused rather than guessed at
+    speculative: StrictBool = True
+    # vLLM's extension: with --scheduling-policy priority, lower values run first (ties by arrival)
+    priority: StrictInt = Field(0, ge=-(2**63), le=2**63 - 1)
     user: str | None = None
     response_format: ResponseFormat | None = None  # also on completions, as vLLM allows
 

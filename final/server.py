@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
 
 from course.s04_continuous_batching.engine import QueueFullError
+from course.s04_continuous_batching.policy import Priority
 
 from .async_engine import AsyncEngine, ShuttingDownError
 from .body_limit import BodyLimit
@@ -127,6 +128,8 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
             return error(status_of(e), str(e))
 
     async def respond(body, ids: list[int], max_tokens: int, kind: str):
+        if body.priority and not isinstance(engine.engine.scheduler.policy, Priority):  # as vLLM: never ignored
+            return error(400, f"priority={body.priority} needs a server started with --scheduling-policy priority")
         if len(ids) + max_tokens > max_len:
             return error(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
@@ -138,7 +141,7 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
         processors = await grammars.processors(body.response_format, len(params))  # 400s past its limits
         for p, processor in zip(params, processors or []):
             p.logits_processors = [processor]
-        stream = engine.submit(ids, params)  # admission: raises at once, nothing queued
+        stream = engine.submit(ids, params, speculative=body.speculative, priority=body.priority)  # admission: raises at once
         rid, created = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
         shape = Shape(kind, rid, created, model_name, len(ids), tokenizer)
         if body.stream:

@@ -30,11 +30,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, **config) -> AsyncEngine:
-    """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top."""
+def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, **config) -> AsyncEngine:
+    """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top;
+    `policy`: a scheduling policy (default FCFS)."""
     byte_tok.chat_template = CHAT_TEMPLATE
     llm = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
-                 [byte_tok.eos_token_id], speculative)
+                 [byte_tok.eos_token_id], speculative, policy=policy)
     return AsyncEngine(llm, ServerMetrics("tiny"))
 
 

@@ -110,9 +110,10 @@ GRAMMAR = r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]"
 
 
 @pytest.mark.parametrize("wrong_every", [1, 2, 99])
-def test_grammar_requests_never_accept_a_forbidden_draft(byte_tok, wrong_every):
-    """Drafts corrupted into bytes the grammar forbids (every draft, every 2nd, almost none):
-    each corrupted one is rejected, outputs equal the unspeculated engine's and match the grammar."""
+def test_grammar_requests_never_verify_a_forbidden_draft(byte_tok, wrong_every):
+    """Drafts corrupted into bytes the grammar forbids (every draft, every 2nd, almost none): each
+    draft is cut at its first forbidden token before the step is scheduled, so no verified row
+    ever holds one; outputs equal the unspeculated engine's and match the grammar."""
     import re
 
     from course.s08_structured.generate import GrammarLogitsProcessor
@@ -130,21 +131,33 @@ def test_grammar_requests_never_accept_a_forbidden_draft(byte_tok, wrong_every):
                 for _ in prompts]
     config = KernelEngineConfig(num_blocks=64, block_size=4)
     want = [o.token_ids for o in Engine(model, byte_tok, config, [eos]).generate(prompts, params())]
+    tilde = ord("~")  # never allowed by the grammar
+    proposed = []
 
     class Corrupting(Drafter):
         def propose(self, seq, k):
             future = want[[tuple(p) for p in prompts].index(tuple(seq.prompt_ids))][len(seq.output_ids):][:k]
-            return Draft([ord("~") if (len(seq.output_ids) + i) % wrong_every == 0 else t
-                          for i, t in enumerate(future)])  # "~" is never allowed by the grammar
-    engine = Engine(model, byte_tok, config, [eos], SpeculativeConfig("lookup", 4), drafter=Corrupting())
+            proposed.append([tilde if (len(seq.output_ids) + i) % wrong_every == 0 else t
+                             for i, t in enumerate(future)])
+            return Draft(proposed[-1])
+
+    class Watched(Engine):
+        verified = []
+
+        def _verify(self, req, rows, drafts):
+            self.verified.append(list(drafts))
+            return super()._verify(req, rows, drafts)
+    engine = Watched(model, byte_tok, config, [eos], SpeculativeConfig("lookup", 4), drafter=Corrupting())
     got = [o.token_ids for o in engine.generate(prompts, params())]
-    assert got == want and engine.spec_stats.proposed > 0
+    assert got == want
     for ids in got:
         assert re.fullmatch(GRAMMAR, byte_tok.decode(ids, skip_special_tokens=True))
-    if wrong_every == 1:
-        assert engine.spec_stats.accepted == 0
-    else:
-        assert engine.spec_stats.accepted > 0
+    assert any(tilde in d for d in proposed) == (wrong_every < 99)  # forbidden tokens were proposed (99: never)
+    assert all(tilde not in d for d in engine.verified)  # none reached verification
+    if wrong_every == 1:  # every draft starts with a forbidden token: nothing is left to verify
+        assert engine.spec_stats.proposed == 0
+    else:  # the valid prefixes were verified, and kept
+        assert engine.spec_stats.proposed > 0 and engine.spec_stats.accepted > 0
 
 
 def test_speculation_stops_when_the_batch_grows_past_the_limit(byte_tok):
@@ -256,3 +269,25 @@ def test_rejection_sampling_in_the_batch_keeps_the_target_distribution(byte_tok)
     rest_p, rest_q = p.clone(), q.clone()
     rest_p[mode] = rest_q[mode] = 0  # the rejected draws come from the residual: the rest of p
     assert 0.5 * (rest_p - rest_q).abs().topk(5).values.sum() < 0.1
+
+
+def test_draft_free_requests_share_one_batched_sampling_call_per_step(byte_tok, monkeypatch):
+    """Chunks without drafts (prefills, requests asking for logprobs) are sampled together, in
+    one stage 04 `sample_batch` call per step, beside the drafted chunks' verification."""
+    import course.s04_continuous_batching.engine as batching
+    calls, real = [], batching.sample_batch
+    monkeypatch.setattr(batching, "sample_batch", lambda logits, seqs: (calls.append(len(seqs)), real(logits, seqs))[1])
+    model = tiny_model("gqa_tied")
+    params = [GREEDY if i % 2 else SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, logprobs=1)
+              for i in range(len(PROMPTS))]
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 4))
+    ids = [engine.add_request(list(p), sp) for p, sp in zip(PROMPTS, params)]
+    shared_with_drafts = 0
+    while engine.has_unfinished():
+        before = len(calls)
+        engine.step()
+        assert len(calls) - before <= 1
+        shared_with_drafts += bool(any(engine.drafts.values()) and calls[before:] and calls[-1] >= 2)
+    assert shared_with_drafts  # several draft-free rows in one call, in steps that also verified drafts
+    assert [engine.requests[r].seq.output_ids for r in ids] == reference(model, byte_tok, params, "roomy")

@@ -69,13 +69,13 @@ def test_hardening_failing_request_does_not_fail_its_neighbours(server):
     url, engine = server
     real_submit = engine.submit
 
-    def submit_with_a_broken_one(ids, params):
+    def submit_with_a_broken_one(ids, params, **options):
         if ids == list(b"break me"):
             def broken(output_ids, logits):
                 raise RuntimeError("boom in one request")
             for p in params:
                 p.logits_processors = [broken]
-        return real_submit(ids, params)
+        return real_submit(ids, params, **options)
     engine.submit = submit_with_a_broken_one
     try:
         async def scenario():

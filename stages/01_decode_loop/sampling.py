@@ -166,6 +166,25 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
+def has_penalties(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
+
+
+def apply_penalties(logits: torch.Tensor, params: SamplingParams,
+                    prompt_ids: IdsLike, output_ids: IdsLike) -> torch.Tensor:
+    """Steps 1-2 of the chain, the enabled penalties, on one row [vocab] (they read that
+    sequence's own ids, so a batched sampler still runs them row by row)."""
+    out = logits
+    if params.repetition_penalty != 1.0:
+        seen = torch.cat([_ids(prompt_ids, out.device), _ids(output_ids, out.device)])
+        out = apply_repetition_penalty(out, seen, params.repetition_penalty)
+    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        out = apply_presence_frequency_penalty(out, output_ids, params.presence_penalty,
+                                               params.frequency_penalty)
+    return out
+
+
 def process_logits(logits: torch.Tensor, params: SamplingParams,
                    prompt_ids: IdsLike, output_ids: IdsLike) -> torch.Tensor:
     """Apply the enabled transforms in the documented order (see the module docstring).
@@ -174,13 +193,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams,
     greedy decoding only the penalties run: temperature and the filters never change
     which token has the largest logit, but penalties can.
     """
-    out = logits.to(torch.float32, copy=True)
-    if params.repetition_penalty != 1.0:
-        seen = torch.cat([_ids(prompt_ids, out.device), _ids(output_ids, out.device)])
-        out = apply_repetition_penalty(out, seen, params.repetition_penalty)
-    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        out = apply_presence_frequency_penalty(out, output_ids, params.presence_penalty,
-                                               params.frequency_penalty)
+    out = apply_penalties(logits.to(torch.float32, copy=True), params, prompt_ids, output_ids)
     if params.greedy:
         return out
     if params.temperature != 1.0:

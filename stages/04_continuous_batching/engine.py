@@ -5,9 +5,10 @@
 * schedule: the Scheduler picks (request, number of tokens) pairs under a token budget;
 * run: their tokens are flattened into ONE ragged batch (prefill chunks and single-token
   decodes side by side) and go through the model with stage 03's paged attention;
-* postprocess: every request whose tokens are all computed samples its next token (with its
-  own seeded sampler, so a request's output does not depend on its neighbours), streams the
-  text, and is retired when it finishes; its blocks go back to the pool at once.
+* postprocess: every request whose tokens are all computed samples its next token (one batched
+  call for all of them, each row with its request's own seeded generator, so a request's output
+  does not depend on its neighbours), streams the text, and is retired when it finishes; its
+  blocks go back to the pool at once.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from course.s03_paged.block_manager import BlockManager
 from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 
+from .batch_sampler import sample_batch
 from .request import Request
 from .scheduler import Scheduler, SchedulingPolicy
 
@@ -74,13 +76,13 @@ class LLMEngine:
         self.step_log: list[dict] = []  # what each step scheduled (tests assert on it)
 
     # ---- the API --------------------------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> int:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
         """Queue a request; refuse at once (nothing allocated) what can never run or finds the
-        queue full."""
+        queue full. `priority` matters only to a policy that reads it (lower first)."""
         seq = self.make_sequence(prompt_ids, params)
         if len(self.scheduler.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"the queue is full ({self.config.max_waiting} waiting requests)")
-        return self.add_sequence(seq)
+        return self.add_sequence(seq, priority)
 
     def make_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         """A request's Sequence, or ValueError / CacheCapacityError if it can never run. Reads
@@ -94,10 +96,10 @@ class LLMEngine:
                              f"one step's budget (max_num_batched_tokens={self.config.max_num_batched_tokens})")
         return seq
 
-    def add_sequence(self, seq: Sequence) -> int:
+    def add_sequence(self, seq: Sequence, priority: int = 0) -> int:
         """Queue a Sequence from `make_sequence`, with no queue bound: the caller applies its own."""
         rid = next(self._ids)
-        self.requests[rid] = req = Request(rid, seq)
+        self.requests[rid] = req = Request(rid, seq, priority=priority)
         self.scheduler.add(req)
         return rid
 
@@ -166,15 +168,22 @@ class LLMEngine:
         return self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)
 
     def _postprocess(self, chunks, logits) -> list[StepOutput]:
-        outputs, i = [], 0
+        """Advance every chunk; the requests that caught up sample their next tokens in ONE call
+        (batch_sampler.py), then each appends, streams and maybe finishes on its own."""
+        sampling = []  # requests with a logits row, in row order
         for req, n in chunks:
             req.num_computed_tokens += n
             self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a prefill chunk that is not the last: nothing to sample yet
-            row, i = logits[i], i + 1
+            if req.num_computed_tokens == req.num_tokens:  # not a prefill chunk short of the end
+                sampling.append(req)
+        outputs = []
+        samples = sample_batch(logits, [req.seq for req in sampling]) if sampling else []
+        for req, sample in zip(sampling, samples):
             try:
-                event = req.seq.sample_and_append(row)
+                if isinstance(sample, Exception):  # its processor raised inside sample_batch
+                    raise sample
+                event = req.seq.append(sample.token_id)
+                event.logprob, event.top_logprobs = sample.logprob, sample.top_logprobs
             except Exception as e:  # one request's sampling failed (e.g. its logits processor):
                 req.finish_reason, req.error = "error", e  # fail it alone; its batch neighbours go on
                 self.scheduler.finish(req)

@@ -13,6 +13,7 @@ class Status(enum.Enum):
     WAITING = "waiting"      # queued, nothing cached
     RUNNING = "running"      # holds blocks; prefilling (maybe in chunks) or decoding
     PREEMPTED = "preempted"  # lost its blocks under memory pressure; will recompute
+    PAUSED = "paused"        # queued but keeps its blocks: gave its seat to a higher-ranked request
     FINISHED = "finished"    # done: see finish_reason ("stop", "length", "abort", "error")
 
 
@@ -26,6 +27,7 @@ class Request:
     finish_reason: str | None = None
     error: Exception | None = None  # why it failed, when finish_reason is "error"
     num_preemptions: int = 0
+    priority: int = 0  # for the Priority policy: lower runs first (vLLM's convention); kept across preemption
 
     @property
     def arrival_time(self) -> float:

@@ -34,15 +34,47 @@ class GrammarLogitsProcessor:
     samples through stage 01's Sequence, stage 04's batched engine and the server included,
     keeps a request inside its grammar. One per request: it holds that request's matcher,
     catches up with the tokens appended since its last call, then masks. If `timings` is
-    given, the time of every mask is appended to it."""
+    given, the time of every mask is appended to it.
+
+    An engine may call `prepare(output_ids)` ahead of time, on another thread, while the
+    forward pass that produces the logits runs (as GPU engines fill the batch's bitmask
+    during the forward); the call that follows then finds the mask ready. The engine waits
+    for `prepare` to return before it calls the processor: the two never overlap."""
 
     def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None):
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
         self.timings = timings
         self.tokens: list[int] = []  # what the matcher has accepted, in order
+        self._mask_for: list[int] | None = None  # the tokens whose next-token mask is in self.bitmask
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        self.prepare(output_ids)
+        return apply_token_bitmask(logits.clone(), self.bitmask[0])
+
+    def prepare(self, output_ids: list[int]) -> None:
+        """Bring the matcher to `output_ids` and fill the mask of the token after them (once)."""
+        self._catch_up(output_ids)
+        if self._mask_for == self.tokens:
+            return  # filled ahead of time for exactly these tokens
+        t0 = time.perf_counter()
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        if self.timings is not None:
+            self.timings.append(time.perf_counter() - t0)
+        self._mask_for = list(self.tokens)
+
+    def valid_prefix(self, output_ids: list[int], drafts: list[int]) -> int:
+        """How many of `drafts`, appended to `output_ids`, the grammar allows in a row. A
+        speculating engine cuts a draft there: rows past it would be rejected anyway."""
+        self._catch_up(output_ids)
+        n = 0
+        while n < len(drafts) and self.matcher.accept_token(drafts[n]):
+            n += 1
+        if n:
+            self.matcher.rollback(n)
+        return n
+
+    def _catch_up(self, output_ids: list[int]) -> None:
         m = self.matcher
         # Speculation asks for masks after drafted tokens, then keeps only some of them (and a
         # correction in place of the first rejected one): roll back to what the two agree on.
@@ -57,11 +89,6 @@ class GrammarLogitsProcessor:
             if not m.accept_token(t):
                 raise ValueError(f"token {t} was appended although the grammar forbids it")
             self.tokens.append(t)
-        t0 = time.perf_counter()
-        m.fill_next_token_bitmask(self.bitmask)
-        if self.timings is not None:
-            self.timings.append(time.perf_counter() - t0)
-        return apply_token_bitmask(logits.clone(), self.bitmask[0])
 
 
 class ConstrainedGenerator:

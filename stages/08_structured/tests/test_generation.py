@@ -156,3 +156,41 @@ def test_the_logits_processor_rolls_back_to_what_the_caller_kept(byte_tok):
     fresh = GrammarLogitsProcessor(compiled)([a, c], logits)
     assert torch.equal(kept.isinf(), fresh.isinf())
     assert not kept[e].isinf() and kept[d].isinf()
+
+
+def test_a_mask_prepared_ahead_is_the_mask_the_call_returns(byte_tok):
+    """An engine fills the mask on another thread while the forward runs (`prepare`): the call
+    that follows must return exactly the mask a cold call would, fill it only once, and refill
+    it when the tokens it was prepared for are not the ones the call brings."""
+    from course.s08_structured.generate import GrammarLogitsProcessor
+
+    compiled = compile_grammar(grammar_from_regex(r"abd|ace"), TokenizerInfo.from_huggingface(byte_tok))
+    a, b, c, d, e = (byte_tok.convert_tokens_to_ids(ch) for ch in "abcde")
+    logits = torch.zeros(len(byte_tok))
+    timings = []
+    ahead = GrammarLogitsProcessor(compiled, timings)
+    ahead.prepare([a])
+    assert len(timings) == 1
+    masked = ahead([a], logits)
+    assert len(timings) == 1  # the prepared mask was used, not filled again
+    cold = GrammarLogitsProcessor(compiled)([a], logits)
+    assert torch.equal(masked.isinf(), cold.isinf()) and not masked[b].isinf() and not masked[c].isinf()
+    ahead.prepare([a, b])
+    after_c = ahead([a, c], logits)  # prepared for "ab", called for "ac": refilled for "ac"
+    assert len(timings) == 3 and not after_c[e].isinf() and after_c[d].isinf()
+
+
+def test_valid_prefix_cuts_a_draft_where_the_grammar_stops_it(byte_tok):
+    """A draft is cut at its first forbidden token, and asking leaves the matcher where it was."""
+    from course.s08_structured.generate import GrammarLogitsProcessor
+
+    compiled = compile_grammar(grammar_from_regex(r"abd|ace"), TokenizerInfo.from_huggingface(byte_tok))
+    a, b, c, d, e = (byte_tok.convert_tokens_to_ids(ch) for ch in "abcde")
+    proc = GrammarLogitsProcessor(compiled)
+    assert proc.valid_prefix([], [a, b, d]) == 3
+    assert proc.valid_prefix([], [a, c, d]) == 2
+    assert proc.valid_prefix([a], [b, e, e]) == 1
+    assert proc.valid_prefix([a], [d]) == 0
+    assert proc.tokens == [a] and proc.matcher.num_accepted == 1
+    masked = proc([a], torch.zeros(len(byte_tok)))
+    assert not masked[b].isinf() and not masked[c].isinf() and masked[d].isinf()
