@@ -46,13 +46,14 @@ def real_runs(loaded, n: int, load_: float, seed: int, max_output_tokens: int = 
     trace = [TraceRequest(t, len(p), r.output_len, r.output_len.bit_length(), p)
              for t, p, r in zip(times, ids, requests)]
     short = percentile([t.output_tokens for t in trace], 25)
-    warm = Engine(loaded.model, tok, KernelEngineConfig(**SIZES), loaded.eos_token_ids)
-    warm.generate([ids[0]], SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
     out = {"requests": n, "load": load_, "rate": load_ * capacity, "max_output_tokens": max_output_tokens,
            "policies": {}}
     for policy in POLICIES:
         engine = Engine(loaded.model, tok, KernelEngineConfig(**SIZES), loaded.eos_token_ids,
                         policy=make_policy(policy, cost))
+        # an engine's first steps allocate its buffers (seconds on this CPU): not part of the trace
+        engine.generate([ids[0][:16]], SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True))
+        engine.scheduler.num_preemptions = engine.scheduler.num_pauses = 0
         real = replay(engine, trace, "wall")
         sim = simulate(trace, cost, EngineConfig(**SIZES), make_policy(policy, cost)).completions
         errors = [s.jct_s / r.jct_s - 1 for r, s in zip(real, sim)]

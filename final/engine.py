@@ -12,9 +12,9 @@ plain decodes. Then, per request:
     blocks.truncate(num_computed)     (lookahead blocks past them go back to the pool)
 
 Requests accept different lengths in one step; an EOS or a stop string inside an accepted run
-ends the request there. A request's logits processors (a `response_format` grammar) mask every
-verified row, so a draft the grammar forbids is always rejected, and the grammar's matcher rolls
-back to what was kept. Requests that ask for logprobs are not speculated (emitted drafts have
+ends the request there. A request's grammar (a `response_format`) first cuts its draft at the
+first token it forbids, then masks every verified row, and its matcher rolls back to what was
+kept; its masks are filled on a worker thread while the forward runs (mask_prefetch.py). Requests that ask for logprobs are not speculated (emitted drafts have
 none), nor those added with `speculative=False` (they decode plainly beside drafted neighbours).
 Drafters: prompt lookup, or EAGLE with one feature store and head cache per request
 (drafters.py), fed every chunk's hidden states and rolled back with the verification.

@@ -67,9 +67,9 @@ class SimSequence:
         self.all_ids.append(token_id)
 
 
-def synthetic_ids(index: int, count: int, start: int = 0) -> list[int]:
-    """Token ids no other request has: no false prefix-cache hits between requests."""
-    return [((index + 1) << 24) + start + j for j in range(count)]
+def synthetic_ids(index: int, count: int) -> list[int]:
+    """Prompt token ids no other request has: no false prefix-cache hits between requests."""
+    return [((index + 1) << 24) + j for j in range(count)]
 
 
 @dataclass
@@ -111,7 +111,7 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: EngineConfig, p
             blocks.commit(req.request_id, seq.all_ids if caught_up else seq.all_ids[:req.num_computed_tokens])
             if not caught_up:
                 continue
-            seq.append(synthetic_ids(req.request_id, 1, start=1 << 23 | len(seq.output_ids))[0])
+            seq.append(0)  # any id: block hashes chain from the prompt, which is unique
             first.setdefault(req.request_id, clock)
             if len(seq.output_ids) == trace[req.request_id].output_tokens:
                 scheduler.finish(req)

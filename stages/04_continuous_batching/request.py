@@ -17,7 +17,7 @@ class Status(enum.Enum):
     FINISHED = "finished"    # done: see finish_reason ("stop", "length", "abort", "error")
 
 
-@dataclass
+@dataclass(eq=False)  # a request is equal only to itself (and `req in running` stays cheap)
 class Request:
     request_id: int
     seq: Sequence
