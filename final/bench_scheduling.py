@@ -14,6 +14,7 @@ not know the lengths, tries to approach.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -46,12 +47,14 @@ def capacity(lengths, cost, config) -> float:
 
 
 def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], policies: list[str],
-                   starvation_s: float | None = None) -> list[dict]:
+                   starvation_s: float | None = None, num_blocks: int | None = None) -> list[dict]:
     short = percentile([o for _, o in lengths], 25)
     runs = []
     for name in setups:
         make_cost, config, mlfq = SETUPS[name]
         mlfq = MLFQConfig(mlfq.base_quantum_s, mlfq.ratio, mlfq.num_levels, starvation_s)
+        if num_blocks:  # a bigger pool is what swapping to host RAM buys on a CPU (see the README)
+            config = dataclasses.replace(config, num_blocks=num_blocks)
         cost = make_cost()
         full = capacity(lengths, cost, config)
         for load_ in loads:
@@ -60,7 +63,7 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
                 start = time.perf_counter()
                 result = simulate(trace, cost, config, make_policy(policy, cost, mlfq))
                 wall = time.perf_counter() - start
-                runs.append({"cost_model": name, "load": load_, "rate": load_ * full, "policy": policy,
+                runs.append({"cost_model": name, "num_blocks": config.num_blocks, "load": load_, "rate": load_ * full, "policy": policy,
                              "summary": summarize(result.completions, cost, short), "steps": result.steps,
                              "preemptions": result.preemptions, "pauses": result.pauses, "sim_seconds": wall,
                              "jct_quantiles_s": quantiles([c.jct_s for c in result.completions])})
@@ -68,7 +71,7 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
                 print(f"{name:19s} load {load_:.2f} {policy:8s} JCT mean {s['jct_mean_s']:9.1f} p99 "
                       f"{s['jct_p99_s']:9.1f}  TTFT mean {s['ttft_mean_s']:8.1f} p99 {s['ttft_p99_s']:8.1f}  "
                       f"short stuck {s['short_stuck_frac']:5.1%}  preempt {result.preemptions:6d} "
-                      f"pause {result.pauses:6d}  ({wall:.1f} s)", flush=True)
+                      f"pause {result.pauses:6d}  makespan {result.makespan_s:7.0f} s  ({wall:.1f} s)", flush=True)
     return runs
 
 
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setups", nargs="+", choices=list(SETUPS), default=list(SETUPS))
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     p.add_argument("--mlfq-starvation", type=float, help="seconds (default: MLFQConfig's)")
+    p.add_argument("--num-blocks", type=int, help="KV pool size of the simulated engine (default: the setup's)")
     p.add_argument("--json")
     p.add_argument("--plot")
     args = p.parse_args(argv)
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     loaded = load_model()
     report = {"requests": args.requests, "loads": args.loads, "seed": args.seed,
-              "mlfq_starvation_s": args.mlfq_starvation}
+              "mlfq_starvation_s": args.mlfq_starvation, "num_blocks": args.num_blocks}
     if args.requests:
         start = time.perf_counter()
         lengths = sharegpt_lengths(loaded.tokenizer, args.requests, args.seed)
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{sum(p for p, _ in lengths) / len(lengths):.0f}, answer mean {sum(o for _, o in lengths) / len(lengths):.0f}"
               f" p50 {percentile([o for _, o in lengths], 50):.0f} p99 {percentile([o for _, o in lengths], 99):.0f}")
         report["simulated"] = simulated_runs(lengths, args.loads, args.seed, args.setups, args.policies,
-                                             args.mlfq_starvation)
+                                             args.mlfq_starvation, args.num_blocks)
         if args.plot:
             plot(report["simulated"], args.plot)
     if args.real:

@@ -47,7 +47,7 @@ class JsonSchemaFormat(BaseModel):
     name: str
     description: str | None = None
     schema_: dict | bool = Field(True, alias="schema")   # `schema` would shadow a pydantic method
-    strict: bool | None = None   # we always hold the output to the schema
+    strict: bool | None = None   # true: refuse a schema we cannot enforce exactly; else best-effort (structured.py)
 
 
 class ResponseFormat(BaseModel):

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
@@ -35,7 +35,7 @@ from .disconnect import until_disconnected
 from .errors import error, install_error_handlers
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
 from .responses import Choice, Shape, sse
-from .structured import GrammarCache
+from .structured import GrammarCache, warning_headers
 
 
 @dataclass
@@ -139,6 +139,7 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
             return error(400, "ignore_eos cannot be combined with response_format: once the JSON is complete "
                               "only the end of the output may follow")
         processors = await grammars.processors(body.response_format, len(params))  # 400s past its limits
+        headers = warning_headers(processors)  # what a best-effort schema compile did not enforce
         for p, processor in zip(params, processors or []):
             p.logits_processors = [processor]
         stream = engine.submit(ids, params, speculative=body.speculative, priority=body.priority)  # admission: raises at once
@@ -146,7 +147,8 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
         shape = Shape(kind, rid, created, model_name, len(ids), tokenizer)
         if body.stream:
             return StreamingResponse(sse(shape, stream, body.stream_options or StreamOptions(), status_of),
-                                     media_type="text/event-stream", background=BackgroundTask(stream.close))
+                                     media_type="text/event-stream", background=BackgroundTask(stream.close),
+                                     headers=headers)
         choices = [Choice() for _ in params]
         try:
             async for index, event in stream:
@@ -155,6 +157,6 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
             return error(status_of(e), str(e))
         finally:
             stream.close()  # also when cancelled because the client left: frees the KV blocks
-        return shape.whole(choices)
+        return JSONResponse(shape.whole(choices), headers=headers) if headers else shape.whole(choices)
 
     return app

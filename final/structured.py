@@ -6,6 +6,12 @@ A schema is the client's input, so what it may cost is bounded: stage 08's Compi
 refuses oversized or too-deep schemas at once and stops a compile at its deadline (both a 400
 naming the limit). Compiles run on their own worker thread, so the event loop keeps serving,
 and a compile whose client left, or that a shutdown interrupts, is cancelled, not finished.
+
+Which keywords are enforced: OpenAI's `json_schema.strict: true` asks for output that follows
+the schema exactly, so a schema with a keyword no grammar enforces (uniqueItems, ...) is
+refused (400, stage 08's strict mode). Otherwise the server is best-effort: it enforces what it
+can, relaxes the rest, and says what it relaxed in the response header
+`x-structured-output-warnings` (a JSON list of {keyword, at, relaxed_to}), streamed or not.
 """
 from __future__ import annotations
 
@@ -17,21 +23,35 @@ from concurrent.futures import ThreadPoolExecutor
 
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
-from course.s08_structured.json_schema import json_schema_to_grammar
+from course.s08_structured.json_schema import BEST_EFFORT, STRICT, json_schema_to_grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
 from .async_engine import ShuttingDownError
 
 ANY_OBJECT = {"type": "object"}
+WARNINGS_HEADER = "x-structured-output-warnings"
 
 
-def cache_key(schema) -> str | None:
-    """The schema as canonical JSON; None for one too deep to serialise (the compile refuses it)."""
+def cache_key(schema, mode: str = BEST_EFFORT) -> str | None:
+    """The mode and the schema as canonical JSON; None for a schema too deep to serialise (the
+    compile refuses it)."""
     try:
-        return json.dumps(schema, sort_keys=True)
+        return mode + " " + json.dumps(schema, sort_keys=True)
     except RecursionError:
         return None
+
+
+def mode_of(response_format) -> str:
+    """`strict: true` (OpenAI's flag) refuses what cannot be enforced; anything else is best-effort."""
+    fmt = response_format.json_schema
+    return STRICT if fmt is not None and fmt.strict else BEST_EFFORT
+
+
+def warning_headers(processors) -> dict[str, str]:
+    """The response header that lists what best-effort mode did not enforce ({} if nothing)."""
+    warnings = processors[0].matcher.compiled.grammar.warnings if processors else ()
+    return {WARNINGS_HEADER: json.dumps([w.to_json() for w in warnings])} if warnings else {}
 
 
 class GrammarCache:
@@ -47,11 +67,11 @@ class GrammarCache:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._live: dict[int, CompileBudget] = {}   # compiles queued or running, to cancel at shutdown
 
-    def compile(self, schema, budget: CompileBudget | None = None) -> CompiledGrammar:
+    def compile(self, schema, budget: CompileBudget | None = None, mode: str = BEST_EFFORT) -> CompiledGrammar:
         """Compile (or fetch) a schema. GrammarError (a ValueError) if it is malformed, unsupported
-        or past the budget's limits; CompileCancelled if the budget was cancelled."""
-        grammar = json_schema_to_grammar(schema, budget=budget)  # limits are checked here, fast
-        key = cache_key(schema)
+        (strict mode) or past the budget's limits; CompileCancelled if the budget was cancelled."""
+        grammar = json_schema_to_grammar(schema, budget=budget, mode=mode)  # limits are checked here, fast
+        key = cache_key(schema, mode)
         if (hit := self.cached(key)) is not None:
             return hit
         with self._lock:
@@ -77,14 +97,15 @@ class GrammarCache:
         if response_format is None or response_format.type == "text":
             return None
         schema = ANY_OBJECT if response_format.type == "json_object" else response_format.json_schema.schema_
-        compiled = self.cached(cache_key(schema)) or await self._compile_off_loop(schema)
+        mode = mode_of(response_format)
+        compiled = self.cached(cache_key(schema, mode)) or await self._compile_off_loop(schema, mode)
         return [GrammarLogitsProcessor(compiled) for _ in range(n)]
 
-    async def _compile_off_loop(self, schema) -> CompiledGrammar:
+    async def _compile_off_loop(self, schema, mode: str) -> CompiledGrammar:
         budget = CompileBudget(timeout_s=self.timeout_s)  # its clock starts now: queueing counts
         self._live[id(budget)] = budget
         try:
-            return await asyncio.wrap_future(self._pool.submit(self.compile, schema, budget))
+            return await asyncio.wrap_future(self._pool.submit(self.compile, schema, budget, mode))
         except asyncio.CancelledError:  # the client went away: stop the compile, not just the wait
             budget.cancel()
             raise

@@ -54,8 +54,8 @@ def test_structured_completion_route_too(server):
 
 
 @pytest.mark.parametrize("response_format,message", [
-    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}},
-     "uniqueItems"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True},
+                                             "strict": True}}, "uniqueItems"),
     ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}, "frobnicate"),
     ({"type": "json_schema"}, "json_schema is required"),
     ({"type": "xml"}, "type"),
@@ -70,3 +70,38 @@ def test_ignore_eos_with_a_schema_is_refused(server):
     r = httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 5, "ignore_eos": True,
                                                      "response_format": FORMAT})
     assert r.status_code == 400 and "ignore_eos" in r.json()["error"]["message"]
+
+
+RELAXED = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                                     "uniqueItems": True, "maxItems": 2},
+                                            "score": {"type": "number", "minimum": 0.5, "maximum": 9.5}},
+           "required": ["tags", "score"], "x-internal-id": 7}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_best_effort_schema_is_served_with_its_warnings_in_a_header(server, stream):
+    """Without strict: true, a keyword no grammar enforces (uniqueItems) is relaxed, not refused,
+    and the response says so; an unknown keyword is ignored (an annotation), and said too. What
+    is enforced still holds: the output validates once uniqueItems is left out."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "tags", "schema": RELAXED}}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 60, "temperature": 0,
+            "response_format": fmt, "stream": stream}
+    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        warnings = json.loads(r.headers["x-structured-output-warnings"])
+        text = r.read().decode()
+    assert [(w["keyword"], w["at"]) for w in warnings] == [("x-internal-id", "#"), ("uniqueItems", "#/properties/tags")]
+    if stream:
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    else:
+        content = json.loads(text)["choices"][0]["message"]["content"]
+    enforced = json.loads(json.dumps(RELAXED))
+    del enforced["properties"]["tags"]["uniqueItems"]
+    jsonschema.validate(json.loads(content), enforced)
+
+
+def test_an_exact_schema_gets_no_warnings_header(server):
+    r = httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 60, "temperature": 0,
+                                                     "response_format": FORMAT}, timeout=60)
+    assert r.status_code == 200 and "x-structured-output-warnings" not in r.headers

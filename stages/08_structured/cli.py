@@ -1,7 +1,8 @@
 """`python -m course.s08_structured --json-schema FILE | --regex R | --grammar FILE ...`:
 stage 01's CLI contract, with every output kept inside the grammar. The grammar is parsed
 before the model loads, so a malformed one fails at once (exit 2, message on stderr).
-`--json` adds `stats`: the compile time and the median / p99 mask time per token."""
+`--json` adds `stats`: the compile time and the median / p99 mask time per token, and
+`warnings`: what `--mode best-effort` (the default) did not enforce, also printed on stderr."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ from course.s01_decode_loop.cli import main as stage_main
 
 from .generate import ConstrainedGenerator
 from .grammar import Grammar, GrammarError
+from .json_schema_modes import BEST_EFFORT, MODES
 from .matcher import compile_grammar
 from .sources import grammar_from_ebnf_file, grammar_from_json_schema, grammar_from_regex
 from .vocab import TokenizerInfo
@@ -24,11 +26,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-strict", action="store_true",
                         help="read the schema as the JSON Schema spec does: extra properties allowed, "
                              "format only an annotation (default: strict, like xgrammar)")
+    parser.add_argument("--mode", choices=MODES, default=BEST_EFFORT,
+                        help="what to do with schema keywords that cannot be enforced exactly: refuse the "
+                             "schema (strict) or relax them and report each as a warning (best-effort, default)")
 
 
 def load_grammar(args: argparse.Namespace) -> Grammar:
     if args.json_schema is not None:
-        return grammar_from_json_schema(args.json_schema, strict=not args.no_strict)
+        return grammar_from_json_schema(args.json_schema, strict=not args.no_strict, mode=args.mode)
     if args.regex is not None:
         return grammar_from_regex(args.regex)
     return grammar_from_ebnf_file(args.grammar)
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     except GrammarError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    for warning in grammar.warnings if grammar is not None else ():
+        print(f"warning: {warning}", file=sys.stderr)  # relaxed, not silently looser
 
     def make_stream(loaded, args) -> ConstrainedGenerator:
         info = TokenizerInfo.from_huggingface(loaded.tokenizer, loaded.config.vocab_size,

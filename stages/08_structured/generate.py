@@ -114,4 +114,6 @@ class ConstrainedGenerator:
         ms = np.array(self.mask_seconds) * 1e3
         return {"grammar_compile_s": round(self.compiled.compile_seconds, 4), "mask_steps": len(ms),
                 "mask_ms_median": float(np.median(ms)) if ms.size else None,
-                "mask_ms_p99": float(np.percentile(ms, 99)) if ms.size else None}
+                "mask_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
+                # what a best-effort JSON schema compile relaxed (json_schema_modes.py)
+                "warnings": [w.to_json() for w in self.compiled.grammar.warnings]}

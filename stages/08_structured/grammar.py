@@ -161,6 +161,9 @@ def opt(item: Expr) -> Expr:
 class Grammar:
     rules: dict[str, Expr] = field(default_factory=dict)
     root: str = "root"
+    # What the source had to loosen or ignore to build this grammar (a JSON schema compiled in
+    # best-effort mode, json_schema.py); empty when the grammar is exactly what was asked for.
+    warnings: tuple = field(default=(), compare=False)
 
     def __post_init__(self):
         self.validate()

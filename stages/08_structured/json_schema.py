@@ -37,14 +37,20 @@ Four more ideas cover the rest of the supported language:
   `anyOf` asks for *either*: an alternation. Together they are expanded into a flat list of
   plain alternatives (disjunctive normal form) before any grammar is built.
 * `oneOf` means *exactly one* branch. When the branches can never both match (different
-  types, different `const` tags) that is the same as `anyOf`; otherwise we refuse, since
-  treating it as `anyOf` would accept values the schema rejects.
+  types, different `const` tags) that is the same as `anyOf`; otherwise it cannot be enforced.
 * `enum` / `const` are finite: each value's canonical spelling is a literal, kept only if the
   schema's other keywords accept it (checked by matching the literal against their grammar).
+* Conditions become alternatives too: `if/then/else` = (if and then) or (not-if and else),
+  `dependentRequired {a: [b]}` = a absent, or b present; `not S` is spelled out for S made of
+  type, required, properties, const and enum (not-if the same way). Negated values become holes:
+  integer and number ranges split around them, strings that never decode to them.
 
-Everything else raises `UnsupportedSchemaError` naming the keyword and where it is. The rule
-we keep is *never looser*: a grammar that accepts a value the schema rejects would let the
-model write invalid output, which is the one thing structured generation promises not to do.
+What cannot be enforced exactly depends on the mode (json_schema_modes.py): `strict` (the
+default here) raises `UnsupportedSchemaError` naming the keyword and where it is, keeping the
+rule *never looser*: a grammar that accepts a value the schema rejects would let the model write
+invalid output, which is the one thing structured generation promises not to do. `best-effort`
+(what the server uses) relaxes it instead, to a larger language, never a smaller one, and lists
+each relaxation in `grammar.warnings`. Unknown keywords are annotations in both (as the spec says).
 Where we are stricter than the schema it is documented below.
 
 Two readings of a schema (`strict`):
@@ -52,7 +58,8 @@ Two readings of a schema (`strict`):
     strict=True   how generation engines (xgrammar's strict_mode) read it: an object schema
                   that declares `properties` or `required` allows no other properties unless
                   `additionalProperties` says so, `prefixItems` without `items` allows no more
-                  items, and `format` is enforced for date, time, date-time, uuid, ipv4.
+                  items, and `format` is enforced (date, time, date-time, uuid, ipv4, ipv6,
+                  email, uri, hostname).
     strict=False  what the specification says (used for the JSON-Schema-Test-Suite): absent
                   `additionalProperties` allows any extra property, `format` is an annotation.
 
@@ -74,7 +81,10 @@ Where we are stricter than the schema (the grammar never writes these, though th
 * `minLength`/`maxLength` count an escape as one character, and take no \\u escapes of
   surrogates: "\\ud83d\\ude00" is one character written as two escapes (json.dumps writes it raw).
 * Formats accept their canonical spelling only (uuid: 8-4-4-4-12 hex digits; ipv4: no
-  leading zeros; date/time: RFC 3339 without leap seconds, years 0001-9999).
+  leading zeros; date/time: RFC 3339 without leap seconds, years 0001-9999); email, hostname,
+  ipv6 and uri follow xgrammar's grammars (email: no quoted local part; hostname: lower case).
+* Numbers with bounds (or holes from `not`) are written without an exponent: 1e-05 is not.
+* `not {type: integer}` leaves out the non-integral numbers too (no type names them).
 
 Keyword table (SUPPORTED_FEATURES / UNSUPPORTED_FEATURES hold the same, for the README):
 
@@ -88,19 +98,24 @@ Keyword table (SUPPORTED_FEATURES / UNSUPPORTED_FEATURES hold the same, for the 
     uniqueItems                     false, or true when maxItems <= 1 (otherwise refused)
     minLength, maxLength            character repetition bounds
     pattern                         regex_parser.py, with search semantics (unanchored = "...*")
-    minimum, maximum,               integers only: an exact digit-range expression
-    exclusiveMinimum/Maximum
+    minimum, maximum,               exact digit patterns: integer ranges; numbers without
+    exclusiveMinimum/Maximum        an exponent (json_schema_numbers.py)
     anyOf, allOf, $ref (local)      alternation, keyword merge, named rules (recursion ok)
     oneOf                           when its branches are provably disjoint
-    format (strict mode)            date, time, date-time, uuid, ipv4
+    format (strict reading)         date, time, date-time, uuid, ipv4, ipv6, email, uri
+                                    (hostname: best-effort, label lengths not bounded)
+    if/then/else, not               alternatives, where the condition can be negated
+    dependentRequired/Schemas,      alternatives: the name absent, or what it needs
+    dependencies (draft 7)
+    patternProperties               when nothing else is allowed and no declared name matches
     $defs, definitions              where references point
-    annotations                     ignored: title, description, default, examples, ...
+    annotations, unknown keywords   ignored (unknown ones with a warning)
 
-    unsupported: not, if/then/else, patternProperties, propertyNames, dependentRequired,
-    dependentSchemas, min/maxProperties, uniqueItems (true), contains, multipleOf,
-    minimum/maximum on non-integer numbers, unevaluatedItems/Properties, $dynamicRef,
-    $anchor, $id below the root, remote $ref, other formats (strict mode), pattern together
-    with minLength/maxLength/format, unknown keywords.
+    strict mode refuses, best-effort relaxes (with a warning): propertyNames,
+    min/maxProperties, uniqueItems (true), contains, multipleOf, unevaluatedItems/Properties,
+    $dynamicRef, $anchor, $id below the root, remote $ref, other formats, pattern together
+    with minLength/maxLength/format, overlapping oneOf, if/not on other conditions,
+    patternProperties otherwise.
 
 Where the code is: json_schema_keywords.py (the errors, the keyword vocabulary and its
 checks), json_schema_merge.py (flattening $ref/allOf/anyOf/oneOf into alternatives),
@@ -122,10 +137,12 @@ from .json_schema_build import _Builder
 from .json_schema_keywords import (EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,
                                    resolve_pointer)
 from .json_schema_merge import _Flattener
+from .json_schema_modes import BEST_EFFORT, MODES, STRICT, Relaxer, SchemaWarning
 from .json_schema_values import _HELPERS, FORMATS, NEVER, _alt, _repeat, _seq
 from .json_schema_values import integer_range  # noqa: F401 (importable from here, as before)
 
-__all__ = ["FORMATS", "SUPPORTED_FEATURES", "UNSUPPORTED_FEATURES", "EmptySchemaError", "SchemaError",
+__all__ = ["BEST_EFFORT", "FORMATS", "MODES", "STRICT", "SUPPORTED_FEATURES", "SchemaWarning",
+           "UNSUPPORTED_FEATURES", "EmptySchemaError", "SchemaError",
            "UnsupportedSchemaError", "canonical_json", "json_schema_to_grammar"]
 
 
@@ -139,43 +156,51 @@ SUPPORTED_FEATURES = {
     "uniqueItems": "false, or true with maxItems <= 1",
     "minLength, maxLength": "bounded repetition of one string character (an escape counts as one)",
     "pattern": "the regex with search semantics; unanchored sides get any characters",
-    "minimum, maximum, exclusiveMinimum, exclusiveMaximum": "integers only: an exact digit-range expression",
+    "minimum, maximum, exclusiveMinimum, exclusiveMaximum": "exact digit patterns: integer ranges, and "
+                                                             "numbers written without an exponent",
     "anyOf": "alternation",
     "allOf": "keywords merged into one schema",
     "oneOf": "alternation, when no two branches can match the same value",
+    "if, then, else": "(if and then) or (not-if and else), for conditions made of type, required, "
+                      "properties, const, enum, not",
+    "not": "the complement, for schemas made of type, required, properties, const, enum, not",
+    "dependentRequired, dependentSchemas, dependencies": "alternatives: the name absent, or what it needs",
+    "patternProperties": "extra keys matching the pattern, when nothing else is allowed and no declared name matches",
     "$ref": "local JSON pointers (#, #/$defs/x, #/definitions/x, #/properties/a/...): a named rule",
-    "format": "strict mode only: date, time, date-time, uuid, ipv4",
+    "format": "strict reading: date, time, date-time, uuid, ipv4, ipv6, email, uri (hostname: best-effort)",
     "$defs, definitions": "reference targets",
     "annotations": "ignored: title, description, $comment, examples, default, deprecated, readOnly, "
                    "writeOnly, $schema, $id (root), contentMediaType, contentEncoding, contentSchema",
+    "unknown keywords": "ignored as annotations (the specification's rule), each reported as a warning",
 }
 
-UNSUPPORTED_FEATURES = {
-    "not": "the complement of a language is not something a grammar piece can express in general",
-    "if, then, else": "conditions on the value (if: true/false picks its branch; if alone, or then/else "
-                      "without if, have no effect, as the spec says)",
-    "patternProperties": "keys matching a regex overlap with declared keys and with each other",
+UNSUPPORTED_FEATURES = {  # strict mode refuses these; best-effort relaxes them (json_schema_modes.py)
+    "not, if": "conditions made of other keywords (best-effort: not ignored, if as (if and then) or else)",
+    "patternProperties": "next to other extra properties, or matching a declared name (best-effort: "
+                         "names unchecked, any pattern's schema)",
     "propertyNames": "constraints on key spellings",
-    "dependentRequired, dependentSchemas, dependencies": "constraints between properties",
     "minProperties, maxProperties": "counting members",
     "uniqueItems": "true (with maxItems > 1): no context-free grammar can compare items",
     "contains, minContains, maxContains": "counting matching items",
     "multipleOf": "divisibility",
-    "minimum, maximum (numbers)": "bounds on non-integer numbers",
     "unevaluatedProperties, unevaluatedItems": "depend on what other keywords evaluated",
     "$dynamicRef, $dynamicAnchor, $anchor, $id (below the root)": "dynamic and named resources",
-    "$ref (remote)": "references to other documents",
-    "format": "strict mode: formats other than date, time, date-time, uuid, ipv4",
-    "pattern with minLength/maxLength/format": "two string languages would have to intersect",
-    "oneOf": "branches that might overlap (anyOf would be looser)",
-    "unknown keywords": "refused rather than ignored, in case they were meant to constrain",
+    "$ref (remote)": "references to other documents (best-effort: any value)",
+    "format": "formats other than the supported ones, and hostname's lengths (best-effort: any string)",
+    "pattern with minLength/maxLength/format": "two string languages would have to intersect (best-effort: "
+                                               "the format, else the pattern)",
+    "oneOf": "branches that might overlap (best-effort: read as anyOf)",
 }
 
 
-def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True,
+def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mode: str = STRICT,
                            budget: CompileBudget | None = None) -> Grammar:
     """Compile a JSON Schema (a dict, a bool, or JSON text) into a Grammar whose language is
     the canonical spelling of exactly the values the schema accepts.
+
+    `mode` (json_schema_modes.py): "strict" refuses what cannot be enforced exactly;
+    "best-effort" relaxes it, and `grammar.warnings` lists each relaxation (SchemaWarning).
+    `strict` is a different switch: how absent keywords are read (closed objects, formats).
 
     `budget` (see budget.py) bounds the work for a schema from a stranger: the document is
     measured first (max_depth, max_nodes, in one cheap walk), each keyword is checked where it
@@ -191,7 +216,7 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True,
                 raise SchemaError(f"the schema is not valid JSON: {e}") from None
         budget.check()
         budget.check_document(schema)
-        return _Converter(schema, strict, budget).grammar()
+        return _Converter(schema, strict, budget, Relaxer(mode)).grammar()
 
 
 def _trivial(expr: Expr) -> bool:
@@ -207,8 +232,9 @@ class _Converter(_Flattener, _Builder):
     """One schema document -> one Grammar. Flattening comes from _Flattener, the grammar pieces
     from _Builder; here: rule names, $ref rules and the final clean-up."""
 
-    def __init__(self, document, strict: bool, budget: CompileBudget):
-        self.doc, self.strict, self.budget = document, strict, budget
+    def __init__(self, document, strict: bool, budget: CompileBudget, relaxer: Relaxer):
+        self.doc, self.strict, self.budget, self.relaxer = document, strict, budget, relaxer
+        self.made: list = []                      # schemas built here (keeps their ids unique)
         self.depth = 0                            # sub-schemas being compiled, one inside another
         self.rules: dict[str, Expr | None] = {}   # None while a $ref rule is being built
         self.ref_names: dict[str, str] = {}       # pointer -> rule name
@@ -227,7 +253,8 @@ class _Converter(_Flattener, _Builder):
         self.rules = {name: _without_dead_refs(body, productive) for name, body in self.rules.items()
                       if name in productive}
         reachable = self._reachable("root")
-        return Grammar({name: body for name, body in self.rules.items() if name in reachable})
+        return Grammar({name: body for name, body in self.rules.items() if name in reachable},
+                       warnings=tuple(self.relaxer.warnings))
 
     # -------------------------------------------------------------- rules
     def fresh(self, base: str) -> str:

@@ -4,14 +4,17 @@ objects as a chain of members followed by extra members whose names avoid the de
 from __future__ import annotations
 
 import json
+import re
 
 from .budget import LimitExceeded
-from .grammar import EMPTY, Expr, GrammarError, Ref, alt, lit, repeat, star
-from .json_schema_keywords import BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, canonical_json
+from .grammar import EMPTY, Expr, GrammarError, Ref, lit, repeat, star
+from .json_schema_keywords import (BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, _same_json,
+                                   canonical_json)
 from .json_schema_merge import _Flat, _int_bounds
-from .json_schema_values import (FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus, _ends_with_anchor,
-                                 _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat, _safe_escape, _seq,
-                                 _top_level_alternatives, digit_count, integer_range, matches)
+from .json_schema_numbers import as_decimal, number_range
+from .json_schema_values import (FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus,
+                                 _ends_with_anchor, _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat,
+                                 _safe_escape, _seq, _top_level_alternatives, digit_count, integer_range, matches)
 from .regex_parser import parse_regex
 
 
@@ -34,7 +37,9 @@ class _Builder:
         if "enum" in f.kw:
             return self.enum_expr(f, hint)
         types = f.kw.get("type", frozenset(TYPES))
-        pieces = {"null": lambda: lit("null"), "boolean": lambda: alt(lit("true"), lit("false")),
+        out = f.kw.get("exclude", [])  # values `not` / a failed `if` rule out
+        pieces = {"null": lambda: _alt(*[lit("null")] * (not _listed(None, out))),
+                  "boolean": lambda: _alt(*(lit(canonical_json(b)) for b in (True, False) if not _listed(b, out))),
                   "number": lambda: self.number_expr(f), "integer": lambda: self.integer_expr(f),
                   "string": lambda: self.string_expr(f, hint), "array": lambda: self.array_expr(f, hint),
                   "object": lambda: self.object_expr(f, hint)}
@@ -44,11 +49,13 @@ class _Builder:
 
     def enum_expr(self, f: _Flat, hint: str) -> Expr:
         """Each value's canonical literal, if the sibling keywords accept it."""
-        rest = _Flat({k: v for k, v in f.kw.items() if k != "enum"}, f.where)
+        rest = _Flat({k: v for k, v in f.kw.items() if k not in ("enum", "exclude")}, f.where)
         check = self.flat_expr(rest, hint) if rest.kw else None
         kept = []
         for value in f.kw["enum"]:
             self.budget.check()
+            if _listed(value, f.kw.get("exclude", [])):
+                continue
             text = canonical_json(value)
             try:
                 literal = lit(text)
@@ -64,11 +71,15 @@ class _Builder:
         return _alt(*kept)
 
     def number_expr(self, f: _Flat) -> Expr:
-        for key in BOUNDS:
-            if key in f.kw:
-                raise UnsupportedSchemaError(key, f.where[key], "bounds on non-integer numbers "
-                                             "(use type integer, or leave the bound out)")
-        return self.helper("number")
+        """Bounds (and values ruled out) as exact digit patterns without an exponent
+        (json_schema_numbers.py); no bound and no hole: any JSON number."""
+        holes = sorted({as_decimal(v) for v in f.kw.get("exclude", []) if _is_number(v)})
+        if not holes and not any(k in f.kw for k in BOUNDS):
+            return self.helper("number")
+        (lo, lo_open), (hi, hi_open) = _number_bounds(f.kw)
+        holes = [h for h in holes if (lo is None or h >= lo) and (hi is None or h <= hi)]
+        edges = [(lo, lo_open)] + [(h, True) for h in holes] + [(hi, hi_open)]
+        return _alt(*(number_range(a, a_open, b, b_open) for (a, a_open), (b, b_open) in zip(edges, edges[1:])))
 
     def integer_expr(self, f: _Flat) -> Expr:
         lo, hi = _int_bounds(f.kw)
@@ -77,31 +88,62 @@ class _Builder:
                 key = next(k for k in BOUNDS if k in f.kw)
                 raise UnsupportedSchemaError(key, f.where[key], f"an integer bound of {digit_count(bound)} "
                                              f"digits (at most {MAX_DIGITS})")
-        return self.helper("integer") if lo is None and hi is None else integer_range(lo, hi)
+        holes = sorted({int(v) for v in f.kw.get("exclude", [])
+                        if _is_number(v) and (isinstance(v, int) or v.is_integer())})
+        if lo is None and hi is None and not holes:
+            return self.helper("integer")
+        holes = [h for h in holes if (lo is None or h >= lo) and (hi is None or h <= hi)]
+        edges = [lo] + holes + [hi]  # the ranges between the holes
+        return _alt(*(integer_range(None if a is None else a + (i > 0), None if b is None else b - (i < len(holes)))
+                      for i, (a, b) in enumerate(zip(edges, edges[1:]))))
 
     def string_expr(self, f: _Flat, hint: str) -> Expr:
         fmt, pattern = f.kw.get("format"), f.kw.get("pattern")
         lo, hi = int(f.kw.get("minLength", 0)), f.kw.get("maxLength")
         hi = None if hi is None else int(hi)
         lengths = [k for k in ("minLength", "maxLength") if k in f.kw]
+        relax = self.relaxer.relax
+        if fmt is not None and fmt not in FORMATS:
+            relax("format", f.where["format"], f"format {fmt!r} (supported: {', '.join(FORMATS)})", "any string")
+            fmt = None
         if fmt is not None:
-            if fmt not in FORMATS:
-                raise UnsupportedSchemaError("format", f.where["format"], f"format {fmt!r} "
-                                             f"(supported: {', '.join(FORMATS)})")
+            if fmt in LOOSE_FORMATS:
+                relax("format", f.where["format"], f"format {fmt!r}", f"{LOOSE_FORMATS[fmt]}")
             if pattern is not None or lengths:
-                raise UnsupportedSchemaError("format", f.where["format"], "together with "
-                                             + ", ".join(["pattern"] * (pattern is not None) + lengths))
-            return _seq(lit('"'), self.helper("format_" + fmt.replace("-", "_")), lit('"'))
-        if pattern is not None:
+                relax("format", f.where["format"], "together with " + ", ".join(["pattern"] * (pattern is not None)
+                                                                              + lengths),
+                      f"only the format {fmt!r} is enforced")
+            expr = _seq(lit('"'), self.helper("format_" + fmt.replace("-", "_")), lit('"'))
+        elif pattern is not None:
             if lengths:
-                raise UnsupportedSchemaError("pattern", f.where["pattern"], "together with "
-                                             + ", ".join(lengths))
-            return _seq(lit('"'), self.pattern_expr(pattern, f.where["pattern"]), lit('"'))
-        if lo == 0 and hi is None:
-            return self.helper("string")
-        if hi is not None and lo > hi:
-            return NEVER
-        return _seq(lit('"'), repeat(self.helper("one_char"), lo, hi), lit('"'))
+                relax("pattern", f.where["pattern"], "together with " + ", ".join(lengths),
+                      "only the pattern is enforced")
+            expr = _seq(lit('"'), self.pattern_expr(pattern, f.where["pattern"]), lit('"'))
+        elif lo == 0 and hi is None:
+            expr = self.helper("string")
+        elif hi is not None and lo > hi:
+            expr = NEVER
+        else:
+            expr = _seq(lit('"'), repeat(self.helper("one_char"), lo, hi), lit('"'))
+        return self.without_strings(expr, f, hint)
+
+    def without_strings(self, expr: Expr, f: _Flat, hint: str) -> Expr:
+        """The string piece minus the strings `not` rules out. Any string: a string that does not
+        decode to one of them (the same construction as extra property names). With other string
+        keywords the two would have to intersect: exact only if the piece rejects them anyway."""
+        names = [v for v in f.kw.get("exclude", []) if isinstance(v, str)]
+        if not names or expr == NEVER:
+            return expr
+        if expr == self.helper("string"):
+            return self.key_not_in(names, hint)
+        try:
+            if not any(matches(self.rules, expr, canonical_json(n)) for n in names):
+                return expr
+        except _PendingRule:
+            pass
+        self.relaxer.relax("not", f.where["exclude"], "ruling out strings together with pattern, format "
+                           "or length bounds", "those strings are allowed")
+        return expr
 
     def pattern_expr(self, pattern: str, where: str) -> Expr:
         """JSON Schema patterns *search*: each top-level alternative that is not anchored with
@@ -114,7 +156,8 @@ class _Builder:
             except LimitExceeded:
                 raise                                  # a limit of this server, not of the schema
             except GrammarError as e:
-                raise UnsupportedSchemaError("pattern", where, str(e)) from None
+                self.relaxer.relax("pattern", where, str(e), "any string")
+                return star(self.helper("char"))
             starts, ends = branch.startswith("^"), _ends_with_anchor(branch)
             options.append(_seq(EMPTY if starts else anything, body, EMPTY if ends else anything))
         return _alt(*options)
@@ -123,7 +166,8 @@ class _Builder:
         lo, hi = int(f.kw.get("minItems", 0)), f.kw.get("maxItems")
         hi = None if hi is None else int(hi)
         if f.kw.get("uniqueItems") and (hi is None or hi > 1):
-            raise UnsupportedSchemaError("uniqueItems", f.where["uniqueItems"])
+            self.relaxer.relax("uniqueItems", f.where["uniqueItems"], "no grammar can compare items",
+                               "items may repeat")
         if hi is not None and lo > hi:
             return NEVER
         prefix = f.kw.get("prefixItems", [])
@@ -158,28 +202,70 @@ class _Builder:
     def object_expr(self, f: _Flat, hint: str) -> Expr:
         props, required = f.kw.get("properties", {}), f.kw.get("required", [])
         extra = f.kw.get("additionalProperties")
-        declares = "properties" in f.kw or "required" in f.kw
+        absent = f.kw.get("absent", [])  # names that must not appear (dependencies, a failed if)
+        patterns = f.kw.get("patternProperties", [])
+        declares = "properties" in f.kw or "required" in f.kw or bool(patterns)
         if extra is None:  # strict: the declared properties are all there is
             extra = [(False, hint)] if self.strict and declares else []
-        if not declares and not extra:
+        if any(name in absent for name in required):
+            return NEVER
+        if not declares and not extra and not absent:
             return self.helper("object")
-        closed = extra and all(s is False for s, _ in extra)
         undeclared = [n for n in required if n not in props]
         if undeclared and self.strict and f.kw.get("additionalProperties") is None:
             raise SchemaError(f"required property {undeclared[0]!r} at {f.where['required']} is not "
                               "in 'properties', and strict mode allows no other properties "
                               "(declare it, or set additionalProperties)")
-        names = list(props) + undeclared
-        if any(_has_surrogate(n) for n in names):
+        names = [n for n in list(props) + undeclared if n not in absent]
+        if any(_has_surrogate(n) for n in names + absent):
             raise UnsupportedSchemaError("properties", f.where.get("properties", f.where.get("required")),
                                          "a property name that is not valid Unicode (a lone surrogate)")
         with self.guarded():
             values = {n: self.convert(props.get(n, extra), f"{hint}_{n}") for n in names}
+            pattern_member, extra = self.pattern_members(patterns, names + absent, extra, f, hint)
+            closed = extra and all(s is False for s, _ in extra)
             extra_value = NEVER if closed else self.convert(extra, f"{hint}_extra")
-        extra_member = NEVER if extra_value == NEVER else \
-            _seq(self.key_not_in(names, hint), lit(": "), extra_value)
+        extra_member = _alt(pattern_member, NEVER if extra_value == NEVER else
+                            _seq(self.key_not_in(names + absent, hint), lit(": "), extra_value))
         members = [(n, values[n], n in required) for n in names]
         return _seq(lit("{"), self.member_chain(members, extra_member, hint), lit("}"))
+
+    def pattern_members(self, patterns, names, extra, f: _Flat, hint: str):
+        """patternProperties: (an extra member whose key a pattern matches, what additionalProperties
+        becomes). Exact when nothing else is allowed (additionalProperties false, or strict
+        reading), all patterns share one schema and no declared name matches a pattern: then an
+        extra member is a key the pattern *searches* into (pattern_expr) and a value of that schema.
+        Otherwise best-effort: names are not checked, an extra member may take additionalProperties'
+        schema or any pattern's (a larger set, never a smaller one)."""
+        if not patterns:
+            return NEVER, extra
+        where = f.where["patternProperties"]
+        closed = bool(extra) and all(s is False for s, _ in extra)
+        why = None if closed else "together with other extra properties (names matching no pattern)"
+        if why is None and len({json.dumps([repr(s) for s, _ in conj]) for _, conj in patterns}) > 1:
+            why = "patterns with different schemas (a name may match several)"
+        for regex, _ in patterns if why is None else ():
+            try:
+                hit = next((n for n in names if re.search(regex, n)), None)
+                for branch in _top_level_alternatives(regex):
+                    parse_regex(branch)
+            except (re.error, GrammarError) as e:
+                why = f"pattern {regex!r}: {e}"
+                break
+            if hit is not None:
+                why = f"the declared name {hit!r} matches the pattern {regex!r}"
+                break
+        if why is None:
+            value = self.convert(patterns[0][1], f"{hint}_pattern")
+            keys = _alt(*(self.pattern_expr(regex, where) for regex, _ in patterns))
+            return _seq(lit('"'), keys, lit('"'), lit(": "), value), extra
+        self.relaxer.relax("patternProperties", where, why, "names are not checked against the patterns: an extra "
+                           "property may take additionalProperties' schema or any pattern's")
+        if not extra:
+            return NEVER, extra  # any extra property is allowed already
+        widened = {"anyOf": [{"allOf": [s for s, _ in extra]}, *(s for _, conj in patterns for s, _ in conj)]}
+        self.made.append(widened)  # kept alive: check_schema remembers objects by id
+        return NEVER, [(widened, where)]
 
     def member_chain(self, members, extra_member: Expr, hint: str) -> Expr:
         """Declared members in order (optional ones may be skipped), then any extra members.
@@ -238,3 +324,22 @@ class _Builder:
             expr = _alt(*options)
             built[id(node)] = self.named(f"{hint}_key{depth}", expr) if depth % 16 == 15 else expr
         return built[id(trie)]
+
+
+def _listed(value, values) -> bool:
+    return any(_same_json(value, v) for v in values)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number_bounds(kw: dict):
+    """(lo, lo is open), (hi, hi is open) from the four bound keywords, the tighter of each pair."""
+    lows = [(as_decimal(kw["minimum"]), False)] if "minimum" in kw else []
+    lows += [(as_decimal(kw["exclusiveMinimum"]), True)] if "exclusiveMinimum" in kw else []
+    highs = [(as_decimal(kw["maximum"]), False)] if "maximum" in kw else []
+    highs += [(as_decimal(kw["exclusiveMaximum"]), True)] if "exclusiveMaximum" in kw else []
+    lo = max(lows, key=lambda b: (b[0], b[1]), default=(None, False))
+    hi = min(highs, key=lambda b: (b[0], not b[1]), default=(None, False))
+    return lo, hi

@@ -38,11 +38,21 @@ COMBINATORS = ("$ref", "allOf", "anyOf", "oneOf")
 BOUNDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
 # Keywords that do nothing without a partner keyword, as the specification says.
 PARTNERS = {"minContains": "contains", "maxContains": "contains", "then": "if", "else": "if"}
-KNOWN_UNSUPPORTED = {"not", "if", "then", "else", "patternProperties", "propertyNames",
-                     "dependentRequired", "dependentSchemas", "dependencies", "minProperties",
-                     "maxProperties", "contains", "minContains", "maxContains", "multipleOf",
-                     "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$dynamicAnchor",
-                     "$anchor", "$recursiveRef", "$recursiveAnchor", "$vocabulary", "additionalItems"}
+# Compiled by reduction to alternatives (json_schema_merge.py): a schema, or a list of names.
+REDUCED = ("not", "if", "dependentRequired", "dependentSchemas", "dependencies")
+# Known keywords no grammar here enforces: refused in strict mode, ignored with a warning in
+# best-effort mode (what is enforced instead).
+RELAXED = {
+    "propertyNames": "ignored: any property name is allowed",
+    "minProperties": "ignored: any number of properties", "maxProperties": "ignored: any number of properties",
+    "contains": "ignored: any items", "minContains": "ignored", "maxContains": "ignored",
+    "multipleOf": "ignored: any number within the other keywords",
+    "unevaluatedProperties": "read as additionalProperties' alternative: an extra property may take its schema",
+    "unevaluatedItems": "ignored: extra items follow items",
+    "additionalItems": "ignored (draft 2019 and older; use items with prefixItems)",
+    "$dynamicRef": "ignored: any value", "$recursiveRef": "ignored: any value",
+    "$dynamicAnchor": "ignored", "$recursiveAnchor": "ignored", "$anchor": "ignored", "$vocabulary": "ignored",
+}
 
 
 def canonical_json(value) -> str:
@@ -82,9 +92,11 @@ def json_key(value) -> str:
 
 
 # ------------------------------------------------------------------ checking one schema object
-def check_schema(schema, path: str, checked: set[int]) -> None:
-    """Refuse a malformed or unsupported keyword in one schema object (its sub-schemas are
-    checked when they are reached). `checked` holds the ids of objects already checked."""
+def check_schema(schema, path: str, checked: set[int], relaxer) -> None:
+    """Refuse a malformed keyword in one schema object; refuse (strict) or relax with a warning
+    (best-effort) one we cannot enforce, through `relaxer` (json_schema_modes.Relaxer); ignore
+    unknown keywords as annotations, with a warning. Sub-schemas are checked when they are
+    reached; `checked` holds the ids of objects already checked."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
@@ -97,25 +109,33 @@ def check_schema(schema, path: str, checked: set[int]) -> None:
             continue
         if key == "$id":
             if path != "#":
-                raise UnsupportedSchemaError("$id", path, "an embedded resource changes how "
-                                             "references inside it resolve")
+                relaxer.relax("$id", path, "an embedded resource changes how references inside it resolve",
+                              "ignored: references resolve against the whole document")
         elif key in ("$defs", "definitions"):
             if not isinstance(value, dict):
                 raise SchemaError(f"'{key}' at {path} must be an object")
         elif key in VALUE_KEYWORDS or key in COMBINATORS:
             _check_value(key, value, path)
-        elif key == "if" and (isinstance(value, bool) or ("then" not in schema and "else" not in schema)):
-            continue  # a constant condition picks a branch (in dnf); no branch: no effect
         elif key in PARTNERS and PARTNERS[key] not in schema:
             continue  # minContains without contains, then without if: no effect
-        elif key in ("then", "else"):
-            if not isinstance(schema["if"], bool):
-                raise UnsupportedSchemaError("if", path, "a condition on the value (if/then/else)")
-            _check_value("allOf", [value], path)  # then/else must be schemas
-        elif key in KNOWN_UNSUPPORTED:
-            raise UnsupportedSchemaError(key, path)
+        elif key in ("not", "if", "then", "else"):
+            if not isinstance(value, (dict, bool)):
+                raise SchemaError(f"'{key}' at {path} must be a schema, not {json.dumps(value)[:60]}")
+        elif key in ("dependentSchemas", "patternProperties"):
+            if not isinstance(value, dict) or not all(isinstance(v, (dict, bool)) for v in value.values()):
+                raise SchemaError(f"'{key}' at {path} must be an object whose values are schemas")
+        elif key in ("dependentRequired", "dependencies"):
+            if not isinstance(value, dict) or not all(
+                    isinstance(v, (dict, bool)) or (isinstance(v, list) and all(isinstance(n, str) for n in v))
+                    for v in value.values()) or (key == "dependentRequired" and not all(
+                    isinstance(v, list) for v in value.values())):
+                raise SchemaError(f"'{key}' at {path} must be an object of property-name arrays"
+                                  + (" or schemas" if key == "dependencies" else ""))
+        elif key in RELAXED:
+            relaxer.relax(key, path, "", RELAXED[key])
         else:
-            raise UnsupportedSchemaError(key, path, "unknown keyword")
+            relaxer.note(key, path, "unknown keyword: ignored as an annotation, as the specification says",
+                         kind="ignored")
     for lo, hi in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minimum", "maximum")):
         if lo in schema and hi in schema and schema[lo] > schema[hi]:
             raise SchemaError(f"{lo} > {hi} at {path}")

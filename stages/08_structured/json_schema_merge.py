@@ -8,11 +8,14 @@ import math
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from .json_schema_keywords import (BOUNDS, TYPES, VALUE_KEYWORDS, UnsupportedSchemaError, _json_type, _same_json,
-                                   canonical_json, check_schema, json_key)
+from .json_schema_keywords import (ANNOTATIONS, BOUNDS, TYPES, VALUE_KEYWORDS, SchemaError, UnsupportedSchemaError,
+                                   _json_type, _same_json, canonical_json, check_schema, json_key)
 from .json_schema_values import _NEEDS_ESCAPE, _PendingRule, digit_count, matches
 
 MAX_ALTERNATIVES = 64  # anyOf x anyOf x ... beyond this is refused rather than built
+MAX_DEPENDENCY_ALTERNATIVES = 16  # dependentRequired etc.: each doubles; past this, relaxed
+# Schemas whose complement negation() can spell out (the shapes if/then/else conditions take).
+NEGATABLE = {"type", "required", "properties", "const", "enum", "not"}
 
 
 # ------------------------------------------------------------------ the flattened schema
@@ -40,31 +43,150 @@ class _Flattener:
                 return [_Flat()]
             if schema is False:
                 return []
-            check_schema(schema, path, self.checked)
+            check_schema(schema, path, self.checked, self.relaxer)
             flats = [self.own(schema, path)]
-            if "$ref" in schema:
+            if "$ref" in schema and self.local_ref(schema["$ref"], path):
                 flats = self.conjoin(flats, [_Flat(ref=self.pointer_of(schema["$ref"], path))], path)
-            if isinstance(schema.get("if"), bool):  # a constant condition picks its branch
-                branch = "then" if schema["if"] else "else"
-                if branch in schema:
-                    flats = self.conjoin(flats, self.dnf(schema[branch], f"{path}/{branch}"), path)
+            if "if" in schema:
+                flats = self.conjoin(flats, self.condition(schema, path), path)
             for i, sub in enumerate(schema.get("allOf", ())):
                 flats = self.conjoin(flats, self.dnf(sub, f"{path}/allOf/{i}"), path)
             if "anyOf" in schema:
                 flats = self.conjoin(flats, [f for i, sub in enumerate(schema["anyOf"])
                                              for f in self.dnf(sub, f"{path}/anyOf/{i}")], path)
-            if "oneOf" in schema:  # branches only need to be disjoint within what the rest allows
-                branches = [self.conjoin(flats, self.dnf(sub, f"{path}/oneOf/{i}"), path)
-                            for i, sub in enumerate(schema["oneOf"])]
-                for i in range(len(branches)):
-                    for j in range(i):
-                        if not all(self.disjoint(a, b) for a in branches[i] for b in branches[j]):
-                            raise UnsupportedSchemaError("oneOf", path, f"branches {j} and {i} may both "
-                                                         "match a value (anyOf would be looser)")
-                flats = [f for branch in branches for f in branch]
+            if "not" in schema:
+                flats = self.conjoin(flats, self.not_(schema["not"], f"{path}/not"), path)
+            for key in ("dependentRequired", "dependentSchemas", "dependencies"):
+                if key in schema:
+                    flats = self.conjoin(flats, self.dependencies(schema, key, path), path)
+            if "oneOf" in schema:
+                flats = self.one_of(flats, schema["oneOf"], path)
             if len(flats) > MAX_ALTERNATIVES:
                 raise UnsupportedSchemaError("anyOf", path, f"more than {MAX_ALTERNATIVES} combinations")
             return flats
+
+    def one_of(self, flats: list[_Flat], branches: list, path: str) -> list[_Flat]:
+        """Exactly one branch: the same as anyOf when no two branches can both match (within
+        what the rest allows); otherwise refused, or relaxed to anyOf."""
+        branches = [self.conjoin(flats, self.dnf(sub, f"{path}/oneOf/{i}"), path) for i, sub in enumerate(branches)]
+        overlap = next(((j, i) for i in range(len(branches)) for j in range(i)
+                        if not all(self.disjoint(a, b) for a in branches[i] for b in branches[j])), None)
+        if overlap is not None:
+            self.relaxer.relax("oneOf", path, f"branches {overlap[0]} and {overlap[1]} may both match a value",
+                               "read as anyOf (a value may match more than one branch)")
+        return [f for branch in branches for f in branch]
+
+    def local_ref(self, ref: str, path: str) -> bool:
+        """A reference into this document (compiled); others are refused or relaxed to any value."""
+        if not ref.startswith("#"):
+            self.relaxer.relax("$ref", path, f"remote reference {ref!r}", "any value")
+            return False
+        if len(ref) > 1 and not unquote(ref[1:]).startswith("/"):
+            self.relaxer.relax("$anchor", path, f"reference to a named anchor {ref!r}", "any value")
+            return False
+        if any(w.feature == "$id" for w in self.relaxer.warnings):  # an embedded resource was ignored:
+            try:                                                    # its references may point into it
+                self.resolve(ref, path)
+            except SchemaError:
+                self.relaxer.relax("$ref", path, f"{ref!r} inside a resource with its own $id", "any value")
+                return False
+        return True
+
+    # -------------------------------------------------------------- reductions to alternatives
+    def condition(self, schema: dict, path: str) -> list[_Flat]:
+        """if/then/else = (if and then) or (not-if and else). A constant `if` picks its branch;
+        an `if` without then/else does nothing. When `if` cannot be negated exactly (see
+        negation), best-effort mode drops the not-if: (if and then) or else, a larger set."""
+        cond = schema["if"]
+        if isinstance(cond, bool):
+            branch = "then" if cond else "else"
+            return self.dnf(schema[branch], f"{path}/{branch}") if branch in schema else [_Flat()]
+        if "then" not in schema and "else" not in schema:
+            return [_Flat()]
+        then = self.dnf(schema.get("then", True), f"{path}/then")
+        other = self.dnf(schema.get("else", True), f"{path}/else")
+        holds = self.conjoin(self.dnf(cond, f"{path}/if"), then, path)
+        fails = self.negation(cond, f"{path}/if")
+        if fails is None:
+            self.relaxer.relax("if", path, "a condition that is not made of type, required, properties, "
+                               "const, enum and not", "read as (if and then) or else")
+            return holds + other
+        return holds + self.conjoin(fails, other, path)
+
+    def not_(self, sub, path: str) -> list[_Flat]:
+        fails = self.negation(sub, path)
+        if fails is None:
+            self.relaxer.relax("not", path, "a schema that is not made of type, required, properties, "
+                               "const, enum and not", "ignored")
+            return [_Flat()]
+        return fails
+
+    def negation(self, schema, path: str) -> list[_Flat] | None:
+        """The values that fail `schema`, as alternatives; None where we cannot say exactly.
+        not(A and B) = not A or not B, keyword by keyword:
+            type T          the other types (not integer: also the non-integral numbers, which
+                            no type names: those are left out, stricter)
+            required [a]    "a" absent
+            properties a: S an object whose "a" is present and fails S
+            const / enum    any value but these (scalars only)
+            not S           S"""
+        if isinstance(schema, bool):
+            return [] if schema else [_Flat()]
+        if not isinstance(schema, dict) or not set(schema) - ANNOTATIONS <= NEGATABLE:
+            return None
+        check_schema(schema, path, self.checked, self.relaxer)
+        self.within_budget(schema, path)  # (an enum here becomes holes: the same limits apply)
+        out = []
+        if "type" in schema:
+            named = _widen({schema["type"]} if isinstance(schema["type"], str) else set(schema["type"]))
+            if "integer" in named:  # "number" would bring the integers back
+                named.add("number")
+            others = frozenset(t for t in TYPES if t not in named)
+            if others:
+                out.append(_Flat({"type": others}, {"type": path}))
+        for name in dict.fromkeys(schema.get("required", ())):
+            out.append(_Flat({"absent": [name]}, {"absent": path}))
+        for name, sub in schema.get("properties", {}).items():
+            inner = self.negation(sub, f"{path}/properties/{_escape_pointer(name)}")
+            if inner is None:
+                return None
+            if inner:  # a property schema that can fail: the member is there and fails it
+                fails = {"not": sub}
+                self.made.append(fails)  # kept alive: check_schema remembers objects by id
+                out.append(_Flat({"type": frozenset(["object"]), "required": [name],
+                                  "properties": {name: [(fails, f"{path}/properties/{_escape_pointer(name)}")]}},
+                                 {"type": path, "required": path, "properties": path}))
+        if "const" in schema or "enum" in schema:
+            values = schema["enum"] if "enum" in schema else [schema["const"]]
+            values = [v for v in values if "const" not in schema or _same_json(v, schema["const"])]
+            if any(isinstance(v, (list, dict)) for v in values):
+                return None
+            out.append(_Flat({"exclude": values}, {"exclude": path}))
+        if "not" in schema:
+            out.extend(self.dnf(schema["not"], f"{path}/not"))
+        return out
+
+    def dependencies(self, schema: dict, key: str, path: str) -> list[_Flat]:
+        """dependentRequired {a: [b]}, dependentSchemas {a: S} and draft 7's dependencies (either):
+        "if a is present, then ..." = a absent, or a present and .... Each dependency doubles the
+        alternatives, so names the schema already requires are settled first."""
+        required = set(schema.get("required", ()))
+        flats = [_Flat()]
+        for name, need in schema[key].items():
+            where = f"{path}/{key}/{_escape_pointer(name)}"
+            if isinstance(need, list):
+                need = [n for n in need if n not in required]
+                if not need:
+                    continue
+                present = [_Flat({"required": need}, {"required": where})]
+            else:
+                present = self.conjoin([_Flat({"required": [name]}, {"required": where})], self.dnf(need, where), where)
+            options = present if name in required else [_Flat({"absent": [name]}, {"absent": where})] + present
+            if len(flats) * len(options) > MAX_DEPENDENCY_ALTERNATIVES:
+                self.relaxer.relax(key, where, f"more than {MAX_DEPENDENCY_ALTERNATIVES} alternatives", "ignored")
+                continue
+            flats = self.conjoin(flats, options, where)
+        return flats
 
     def pointer_of(self, ref, path: str) -> str:
         self.resolve(ref, path)  # raises for remote refs, anchors and dangling pointers
@@ -90,10 +212,31 @@ class _Flattener:
             elif key == "required":
                 value = list(dict.fromkeys(value))
             kw[key] = value
+        if "patternProperties" in schema:  # (regex, the schemas a matching name's value must satisfy)
+            kw["patternProperties"] = [(regex, [(sub, f"{path}/patternProperties/{_escape_pointer(regex)}")])
+                                       for regex, sub in schema["patternProperties"].items()]
         if "enum" in schema or "const" in schema:  # const = a one-value enum
             values = schema["enum"] if "enum" in schema else [schema["const"]]
             kw["enum"] = [v for v in values if "const" not in schema or _same_json(v, schema["const"])]
+        self.widen_extras(schema, path, kw)
         return _Flat(kw, {k: path for k in kw})
+
+    def widen_extras(self, schema: dict, path: str, kw: dict) -> None:
+        """Best-effort (strict mode refused it already): unevaluatedProperties is not enforced,
+        but the properties it allows must stay allowed. So an extra property may take
+        additionalProperties' schema or its own: a larger set than the schema's, never smaller."""
+        if not isinstance(schema.get("unevaluatedProperties"), (dict, bool)):
+            return
+        more = [schema["unevaluatedProperties"]]
+        if "additionalProperties" in schema:
+            base = schema["additionalProperties"]
+        elif self.strict and ("properties" in schema or "required" in schema):
+            base = False  # strict reading: declared properties are all there is...
+        else:
+            return        # an open object allows any extra property already
+        widened = {"anyOf": [base, *more]}  # ...plus what the relaxed keywords allowed
+        self.made.append(widened)           # kept alive: check_schema remembers objects by id
+        kw["additionalProperties"] = [(widened, path)]
 
     def within_budget(self, schema: dict, path: str) -> None:
         """The size limits of one schema object's keywords, checked where they are read, before
@@ -134,9 +277,10 @@ class _Flattener:
             return [a]
         if a.trivial():
             return [b]
-        if a.ref is not None or b.ref is not None:
-            ref_side, other = (a, b) if a.ref is not None else (b, a)
-            return self.conjoin(self.expand(ref_side), [other])
+        if a.ref is not None:  # (a before b: properties are written in the order they are merged)
+            return self.conjoin(self.expand(a), [b])
+        if b.ref is not None:
+            return self.conjoin([a], self.expand(b))
         kw, where = dict(a.kw), dict(a.where)
         for key, value in b.kw.items():
             if key in ("properties", "additionalProperties", "prefixItems", "items"):
@@ -274,8 +418,10 @@ def _combine(key: str, x, y, where: str):
     if key == "enum":
         in_y = {json_key(w) for w in y}
         return [v for v in x if json_key(v) in in_y]  # [] is fine: nothing left
-    if key == "required":
-        return list(dict.fromkeys([*x, *y]))
+    if key == "patternProperties":
+        return x + y
+    if key in ("required", "absent", "exclude"):  # both lists hold
+        return list({json_key(v): v for v in [*x, *y]}.values())
     if key in ("minItems", "minLength", "minimum", "exclusiveMinimum"):
         return max(x, y)
     if key in ("maxItems", "maxLength", "maximum", "exclusiveMaximum"):

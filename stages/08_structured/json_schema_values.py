@@ -9,7 +9,10 @@ import bisect
 from .grammar import (EMPTY, Alt, Bytes, CharClass, Expr, Ref, Repeat, Seq, alt, chars, lit, opt, plus, repeat,
                       seq, star)
 
-FORMATS = ("date", "time", "date-time", "uuid", "ipv4")
+FORMATS = ("date", "time", "date-time", "uuid", "ipv4", "ipv6", "email", "hostname", "uri")
+# Formats whose grammar is looser than the format's definition (best-effort mode warns; strict
+# mode refuses them): what is not enforced.
+LOOSE_FORMATS = {"hostname": "label lengths (at most 63) and the total length (at most 253) are not bounded"}
 
 NEVER = CharClass(())  # matches nothing: `false`, an impossible required member, ...
 DIGIT, NONZERO, HEX = chars("0-9"), chars("1-9"), chars("0-9a-fA-F")
@@ -286,7 +289,42 @@ def _formats():
     return {"format_date": lambda c: date, "format_time": lambda c: time,
             "format_date_time": lambda c: _seq(c.helper("format_date"), chars("Tt"), c.helper("format_time")),
             "format_uuid": lambda c: uuid,
-            "format_ipv4": lambda c: _seq(*[x for _ in range(3) for x in (octet, lit("."))], octet)}
+            "format_ipv4": lambda c: _seq(*[x for _ in range(3) for x in (octet, lit("."))], octet),
+            **{f"format_{name}": (lambda c, regex=regex: _format_regex(regex))
+               for name, regex in _FORMAT_REGEXES.items()}}
+
+
+# Formats written as regexes, following xgrammar 0.2.8's grammars for them (so the masks can be
+# compared), with two changes where xgrammar's would write invalid output: an email's quoted
+# local part ("a b"@x.org, whose inner escapes xgrammar gets wrong) is left out, and the IPv4
+# tail of an IPv6 address has no leading zeros (Python's ipaddress refuses "::1.02.3.4").
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = rf"({_OCTET}\.){{3}}{_OCTET}"
+_H16, _PCT = "[0-9a-fA-F]{1,4}", "%[0-9A-Fa-f][0-9A-Fa-f]"
+_PCHAR = f"([a-zA-Z0-9_.~!$&'()*+,;=:@-]|{_PCT})"
+_FORMAT_REGEXES = {
+    "email": r"[a-zA-Z0-9_!#$%&'*+/=?^`{|}~-]+(\.[a-zA-Z0-9_!#$%&'*+/=?^`{|}~-]+)*"
+             r"@[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9][-A-Za-z0-9]*[A-Za-z0-9])*",
+    "hostname": r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*",
+    "ipv6": "|".join([
+        f"({_H16}:){{7}}{_H16}", f"({_H16}:){{1,7}}:", f"({_H16}:){{1,6}}:{_H16}",
+        f"({_H16}:){{1,5}}(:{_H16}){{1,2}}", f"({_H16}:){{1,4}}(:{_H16}){{1,3}}",
+        f"({_H16}:){{1,3}}(:{_H16}){{1,4}}", f"({_H16}:){{1,2}}(:{_H16}){{1,5}}",
+        f"{_H16}:(:{_H16}){{1,6}}", f":((:{_H16}){{1,7}}|:)",
+        f"::(ffff(:0{{1,4}})?:)?{_IPV4}", f"({_H16}:){{1,4}}:{_IPV4}"]),
+    # scheme ":" then "//" authority path, or a path; then ?query and #fragment (RFC 3986's
+    # shape; like xgrammar, no digits in the scheme after its first letter)
+    "uri": (r"[a-zA-Z][a-zA-Z+.-]*:"
+            rf"(//(([a-zA-Z0-9_.~!$&'()*+,;=:-]|{_PCT})*@)?([a-zA-Z0-9_.~!$&'()*+,;=-]|{_PCT})*(:[0-9]*)?"
+            rf"(/{_PCHAR}*)*|/?({_PCHAR}+(/{_PCHAR}*)*)?)"
+            rf"(\?([a-zA-Z0-9_.~!$&'()*+,;=:@/?-]|{_PCT})*)?(#([a-zA-Z0-9_.~!$&'()*+,;=:@/?-]|{_PCT})*)?"),
+}
+
+
+def _format_regex(regex: str) -> Expr:
+    from .regex_parser import parse_regex  # (regex_parser needs nothing from here)
+
+    return parse_regex(regex)
 
 
 # The shared rules by name, built once each by the converter `c` (c.helper(name) refers to one).

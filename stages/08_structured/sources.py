@@ -7,8 +7,9 @@ from pathlib import Path
 from .grammar import Grammar, GrammarError
 
 
-def grammar_from_json_schema(source: str | Path, strict: bool = True) -> Grammar:
-    """A schema file, or the schema itself as JSON text."""
+def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict") -> Grammar:
+    """A schema file, or the schema itself as JSON text. `mode`: "strict" or "best-effort"
+    (json_schema_modes.py); what best-effort relaxed is in the grammar's `warnings`."""
     from .json_schema import json_schema_to_grammar
 
     text = str(source)
@@ -18,7 +19,7 @@ def grammar_from_json_schema(source: str | Path, strict: bool = True) -> Grammar
         schema = json.loads(text)
     except ValueError as e:  # JSONDecodeError, or an integer too long to read
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-    return json_schema_to_grammar(schema, strict=strict)
+    return json_schema_to_grammar(schema, strict=strict, mode=mode)
 
 
 def grammar_from_regex(pattern: str) -> Grammar:

@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 
+from .grammar import Alt, Bytes, CharClass, Grammar, Ref, Seq
 from .matcher import GrammarMatcher
 from .vocab import TokenizerInfo
 
@@ -139,3 +140,79 @@ def xgrammar_comparable(schema):
     if isinstance(schema, list):
         return [xgrammar_comparable(v) for v in schema]
     return schema
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def sample_strings(grammar: Grammar, rng: random.Random, count: int, max_depth: int = 40) -> list[str]:
+    """`count` random strings of the grammar's language (without a tokenizer): alternatives
+    picked uniformly, repetitions of geometric length, characters mostly ASCII. A draw that
+    recurses past `max_depth` rules is dropped and drawn again."""
+    out = []
+    while len(out) < count:
+        try:
+            out.append(_sample(grammar, grammar.rules[grammar.root], rng, 0, max_depth))
+        except _TooDeep:
+            continue
+    return out
+
+
+def _sample(grammar, e, rng, depth, max_depth) -> str:
+    if isinstance(e, Bytes):
+        return e.value.decode()
+    if isinstance(e, CharClass):
+        ascii_ = [(lo, min(hi, 0x7E)) for lo, hi in e.ranges if lo <= 0x7E]
+        lo, hi = rng.choice(ascii_ if ascii_ and rng.random() < 0.9 else list(e.ranges))
+        return chr(rng.randint(lo, hi))
+    if isinstance(e, Ref):
+        if depth >= max_depth:
+            raise _TooDeep
+        return _sample(grammar, grammar.rules[e.name], rng, depth + 1, max_depth)
+    if isinstance(e, Seq):
+        return "".join(_sample(grammar, it, rng, depth, max_depth) for it in e.items)
+    if isinstance(e, Alt):
+        return _sample(grammar, rng.choice(e.items), rng, depth, max_depth)
+    n = e.min  # a Repeat: geometric length between its bounds
+    while (e.max is None or n < e.max) and rng.random() < 0.6:
+        n += 1
+    return "".join(_sample(grammar, e.item, rng, depth, max_depth) for _ in range(n))
+
+
+def format_checker():
+    """jsonschema's format checker, plus the formats it leaves to optional packages: hostname
+    (RFC 1123, as `fqdn` reads it), ipv6 (Python's ipaddress), uri (RFC 3986's characters and
+    shape), and email read as "something@something" (what jsonschema checks)."""
+    import ipaddress
+    import re
+    from urllib.parse import urlsplit
+
+    import jsonschema
+
+    checker = jsonschema.FormatChecker()
+
+    @checker.checks("hostname")
+    def hostname(text) -> bool:
+        label = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+        return len(text) <= 253 and all(re.fullmatch(label, x) for x in text.split("."))
+
+    @checker.checks("ipv6", raises=ValueError)
+    def ipv6(text) -> bool:
+        return ipaddress.IPv6Address(text) is not None
+
+    @checker.checks("uri", raises=ValueError)
+    def uri(text) -> bool:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*:[A-Za-z0-9\-._~!$&'()*+,;=:@/?#%\[\]]*", text):
+            return False
+        if re.search(r"%(?![0-9A-Fa-f]{2})", text) or text.count("#") > 1:
+            return False
+        urlsplit(text)  # raises ValueError on a malformed authority
+        return True
+
+    @checker.checks("email")
+    def email(text) -> bool:
+        local, at, domain = text.rpartition("@")
+        return bool(at and local and domain)
+
+    return checker

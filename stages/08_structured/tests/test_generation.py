@@ -99,12 +99,25 @@ def test_cli_json_schema_file_and_grammar_file(tiny_folder, tmp_path, capsys):
     (["--regex", "(ab"], "regex"),
     (["--json-schema", "/no/such/schema.json"], "not found"),
     (["--json-schema", '{"type": "object", "uniqueItems": true, "x": '], "not valid JSON"),
-    (["--json-schema", '{"type": "array", "uniqueItems": true}'], "uniqueItems"),
+    (["--json-schema", '{"type": "array", "uniqueItems": true}', "--mode", "strict"], "uniqueItems"),
 ])
 def test_cli_refuses_bad_grammars_before_loading_the_model(args, message, capsys):
     assert main(args + ["--model", "/no/such/model", "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err
+
+
+def test_cli_best_effort_reports_what_it_relaxed(tiny_folder, capsys):
+    """The default mode compiles a schema with uniqueItems and says, on stderr and in --json's
+    stats, that items may repeat; strict mode refuses it (above)."""
+    schema = '{"type": "array", "items": {"enum": [1, 2]}, "uniqueItems": true, "maxItems": 3, "x-note": 1}'
+    assert main(["--model", str(tiny_folder), "--json-schema", schema, "--prompt", "x", "--json",
+                 "--max-new-tokens", "20"]) == 0
+    captured = capsys.readouterr()
+    row = json.loads(captured.out)
+    assert [w["keyword"] for w in row["stats"]["warnings"]] == ["x-note", "uniqueItems"]
+    assert "warning: 'uniqueItems' at # is not enforced" in captured.err
+    assert set(json.loads(row["text"])) <= {1, 2} or row["finish_reason"] == "length"
 
 
 def test_cli_needs_exactly_one_grammar(tiny_folder, capsys):

@@ -13,19 +13,28 @@ import pytest
 from course.s08_structured.schema_suite import (KNOWN_DIFFERENCES, SuiteDownloadError, canonical_instance, main,
                                                 suite_dir)
 
-MIN_SUPPORTED_CASES = 150   # of 368: a floor, so that refusing everything cannot pass
-MIN_PASSED_TESTS = 580
+MIN_SUPPORTED_CASES = 180   # of 368: a floor, so that refusing everything cannot pass
+MIN_PASSED_TESTS = 700
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def run(tmp_path_factory, *args):
     try:
         directory = suite_dir()
     except SuiteDownloadError as e:
         pytest.fail(f"JSON-Schema-Test-Suite unavailable: {e}")
     out = tmp_path_factory.mktemp("suite") / "report.json"
-    main(["--dir", str(directory), "--json", str(out)])  # the command line, table and --json
+    main(["--dir", str(directory), "--json", str(out), *args])  # the command line, table and --json
     return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return run(tmp_path_factory)  # strict mode: refuse what cannot be enforced
+
+
+@pytest.fixture(scope="module")
+def best_effort_report(tmp_path_factory):
+    return run(tmp_path_factory, "--mode", "best-effort")
 
 
 def test_no_failures_beyond_the_known_differences(report):
@@ -53,3 +62,13 @@ def test_canonical_instances():
     assert canonical_instance(value, schema, schema) == '{"m": [{"y": 3, "x": 2}], "z": 0, "a": 1, "extra": true}'
     const = {"const": {"b": 1, "a": 2}}
     assert canonical_instance({"a": 2, "b": 1}, const, const) == '{"b": 1, "a": 2}'
+
+
+def test_best_effort_compiles_every_case_and_never_rejects_a_valid_instance(best_effort_report):
+    """Relaxing only ever adds values: in best-effort mode every case compiles, every valid
+    instance is accepted (failures = the same known differences), and the invalid instances it
+    accepts are counted, all in cases that reported a relaxation."""
+    totals = best_effort_report["totals"]
+    assert totals["supported"] == totals["cases"] == 368 and totals["unsupported"] == 0
+    assert set(best_effort_report["failures"]) == set(KNOWN_DIFFERENCES)
+    assert totals["relaxed"] >= 150 and 0 < totals["loosened"] < totals["passed"]
