@@ -1,4 +1,5 @@
-"""`python -m course.final serve`: the OpenAI-compatible server on the default model."""
+"""`python -m course.final serve`: the OpenAI-compatible server on the default model.
+`python -m course.final serve --disaggregated --prefill 1 --decode 1`: the same API over stage 07's workers."""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +10,14 @@ import torch
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token
 from course.s06_kernels_graphs.engine import KernelEngineConfig
+from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
 from .scheduling import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
+from .remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import GracefulServer
 
@@ -117,9 +120,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a response_format schema may take to compile (then 400)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
+    d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/remote_engine.py)")
+    d.add_argument("--disaggregated", action="store_true",
+                   help="run the model in stage 07 worker processes: P prefill + D decode workers, or N replicas")
+    d.add_argument("--prefill", type=int, help="prefill workers (default 1)")
+    d.add_argument("--decode", type=int, help="decode workers (default 1)")
+    d.add_argument("--replicas", type=int, help="N unified workers instead (each runs whole requests, no KV transfer)")
+    d.add_argument("--routing-policy", choices=ROUTING_POLICIES,
+                   help="how the prefill worker (or replica) is chosen (default cache_aware); decode: least-loaded")
     args = p.parse_args(argv)
     import uvicorn
 
+    try:
+        check_flags(args, {name: s.get_default(name) for name in LOCAL_ONLY})
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.disaggregated:
+        return serve_disaggregated(args)
     try:
         engine, app = build_server(args)
     except (ValueError, ModelLoadError) as e:

@@ -128,6 +128,9 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
             return error(status_of(e), str(e))
 
     async def respond(body, ids: list[int], max_tokens: int, kind: str):
+        refusal = getattr(engine, "refuse", None)  # a remote engine names what its workers cannot do
+        if refusal is not None and (why := refusal(body)):
+            return error(400, why)
         if body.priority and not isinstance(engine.engine.scheduler.policy, Priority):  # as vLLM: never ignored
             return error(400, f"priority={body.priority} needs a server started with --scheduling-policy priority")
         if len(ids) + max_tokens > max_len:
@@ -138,7 +141,8 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
         if body.response_format is not None and body.response_format.type != "text" and body.ignore_eos:
             return error(400, "ignore_eos cannot be combined with response_format: once the JSON is complete "
                               "only the end of the output may follow")
-        processors = await grammars.processors(body.response_format, len(params))  # 400s past its limits
+        # 400s past its limits; max_tokens: the JSON is closed before it runs out (issue 20)
+        processors = await grammars.processors(body.response_format, len(params), max_tokens)
         headers = warning_headers(processors)  # what a best-effort schema compile did not enforce
         for p, processor in zip(params, processors or []):
             p.logits_processors = [processor]

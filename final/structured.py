@@ -12,6 +12,14 @@ the schema exactly, so a schema with a keyword no grammar enforces (uniqueItems,
 refused (400, stage 08's strict mode). Otherwise the server is best-effort: it enforces what it
 can, relaxes the rest, and says what it relaxed in the response header
 `x-structured-output-warnings` (a JSON list of {keyword, at, relaxed_to}), streamed or not.
+
+Answers that finish (issue 20): in best-effort mode, strings, numbers and arrays the schema
+leaves unbounded get serving defaults (stage 08's SERVING_BOUNDS: 64 characters, 16 digits,
+16 items; each one applied is listed in the same header, kind "default-bound"), and every
+processor closes on budget: when the tokens left in max_tokens are about what the shortest
+way to close the JSON needs, only tokens that still let it close are allowed, so the answer
+ends with finish_reason "stop" instead of being cut ("length" still means it was cut). Strict
+mode gets neither bounds nor any change to its language; it does close on budget.
 """
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
-from course.s08_structured.json_schema import BEST_EFFORT, STRICT, json_schema_to_grammar
+from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, DefaultBounds, json_schema_to_grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
@@ -33,11 +41,12 @@ ANY_OBJECT = {"type": "object"}
 WARNINGS_HEADER = "x-structured-output-warnings"
 
 
-def cache_key(schema, mode: str = BEST_EFFORT) -> str | None:
-    """The mode and the schema as canonical JSON; None for a schema too deep to serialise (the
-    compile refuses it)."""
+def cache_key(schema, mode: str = BEST_EFFORT, bounds: DefaultBounds | None = None) -> str | None:
+    """The mode, the default bounds and the schema as canonical JSON; None for a schema too deep
+    to serialise (the compile refuses it)."""
     try:
-        return mode + " " + json.dumps(schema, sort_keys=True)
+        return mode + " " + json.dumps(bounds.to_json() if bounds and mode == BEST_EFFORT else None) + " " + \
+            json.dumps(schema, sort_keys=True)
     except RecursionError:
         return None
 
@@ -56,7 +65,9 @@ def warning_headers(processors) -> dict[str, str]:
 
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
-                 timeout_s: float | None = 20.0):
+                 timeout_s: float | None = 20.0, default_bounds: DefaultBounds | None = SERVING_BOUNDS,
+                 close_on_budget: bool = True):
+        self.default_bounds, self.close_on_budget = default_bounds, close_on_budget
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
         self._info: TokenizerInfo | None = None
@@ -70,8 +81,9 @@ class GrammarCache:
     def compile(self, schema, budget: CompileBudget | None = None, mode: str = BEST_EFFORT) -> CompiledGrammar:
         """Compile (or fetch) a schema. GrammarError (a ValueError) if it is malformed, unsupported
         (strict mode) or past the budget's limits; CompileCancelled if the budget was cancelled."""
-        grammar = json_schema_to_grammar(schema, budget=budget, mode=mode)  # limits are checked here, fast
-        key = cache_key(schema, mode)
+        grammar = json_schema_to_grammar(schema, budget=budget, mode=mode,  # limits are checked here, fast
+                                         default_bounds=self.default_bounds)  # (best-effort only)
+        key = cache_key(schema, mode, self.default_bounds)
         if (hit := self.cached(key)) is not None:
             return hit
         with self._lock:
@@ -91,15 +103,19 @@ class GrammarCache:
                 return self._compiled[key]
         return None
 
-    async def processors(self, response_format, n: int) -> list[GrammarLogitsProcessor] | None:
+    async def processors(self, response_format, n: int,
+                         max_tokens: int | None = None) -> list[GrammarLogitsProcessor] | None:
         """None for plain text; else n fresh processors sharing one compiled grammar. A schema seen
-        before is answered from the cache on the event loop, never queued behind a compile."""
+        before is answered from the cache on the event loop, never queued behind a compile.
+        With `max_tokens` (and close_on_budget) the processors close the JSON before it runs out."""
         if response_format is None or response_format.type == "text":
             return None
         schema = ANY_OBJECT if response_format.type == "json_object" else response_format.json_schema.schema_
         mode = mode_of(response_format)
-        compiled = self.cached(cache_key(schema, mode)) or await self._compile_off_loop(schema, mode)
-        return [GrammarLogitsProcessor(compiled) for _ in range(n)]
+        key = cache_key(schema, mode, self.default_bounds)
+        compiled = self.cached(key) or await self._compile_off_loop(schema, mode)
+        return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, close_on_budget=self.close_on_budget)
+                for _ in range(n)]
 
     async def _compile_off_loop(self, schema, mode: str) -> CompiledGrammar:
         budget = CompileBudget(timeout_s=self.timeout_s)  # its clock starts now: queueing counts

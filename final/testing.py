@@ -3,7 +3,10 @@ reader for /metrics. The tests (and anyone poking at the server from a notebook)
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -28,6 +31,33 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_cli_server(*args: str) -> tuple[subprocess.Popen, str]:
+    """`python -m course.final serve ARGS` in its own process on a free port, once /health answers."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "course.final", "serve", "--port", str(port), *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):  # the default model may need converting on a fresh machine
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited: {proc.stdout.read()}")
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the server never answered /health")
+
+
+def stop_cli_server(proc: subprocess.Popen) -> int:
+    """Ctrl-C (uvicorn shuts down cleanly); its exit status."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        return proc.wait(timeout=30)
+    finally:
+        proc.kill()
 
 
 def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, **config) -> AsyncEngine:

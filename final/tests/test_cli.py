@@ -1,16 +1,14 @@
 """`python -m course.final serve` as a user runs it: a real process, a real port."""
 import json
 import signal
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 
 from course.final.cli import main, parse_size
-from course.final.testing import free_port
+from course.final.testing import start_cli_server as start
+from course.final.testing import stop_cli_server as stop
 
 
 @pytest.mark.parametrize("text,size", [("512MiB", 512 * 2**20), ("2GiB", 2 * 2**30), ("1e9", 10**9),
@@ -23,31 +21,6 @@ def test_parse_size(text, size):
 def test_parse_size_refuses_nonsense(text):
     with pytest.raises(ValueError, match="--kv-memory"):
         parse_size(text)
-
-
-def start(*args: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "course.final", "serve", "--port", str(port), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):  # the default model may need converting on a fresh machine
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise AssertionError("the server never answered /health")
-
-
-def stop(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: uvicorn shuts down cleanly
-    try:
-        return proc.wait(timeout=30)
-    finally:
-        proc.kill()
 
 
 def test_cli_serves_a_model_folder(tiny_folder):

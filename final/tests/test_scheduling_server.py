@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from course.final.cli import main
-from course.final.testing import live_server, tiny_engine
+from course.final.testing import live_server, start_cli_server, stop_cli_server, tiny_engine
 from course.s04_continuous_batching.policy import Priority
 
 
@@ -66,3 +66,24 @@ def test_fcfs_server_refuses_a_nonzero_priority(server, route):
 def test_the_cli_refuses_a_bad_mlfq_setting_before_loading_a_model(capsys):
     assert main(["serve", "--model", "/nonexistent", "--scheduling-policy", "mlfq", "--mlfq-ratio", "1"]) == 2
     assert "ratio" in capsys.readouterr().err
+
+
+def test_the_cli_serves_under_mlfq_with_the_tokens_of_fcfs(tiny_folder):
+    """`python -m course.final serve --scheduling-policy mlfq` as a user runs it: the same greedy
+    answers as under FCFS (scheduling changes order, never content), and a priority is refused
+    because MLFQ, not the client, decides the order."""
+    prompts = ["hello", "the quick brown fox", "a"]
+    answers = {}
+    for policy in ("fcfs", "mlfq"):
+        proc, url = start_cli_server("--model", str(tiny_folder), "--kv-memory", "1MiB",
+                                     "--served-model-name", "tiny", "--scheduling-policy", policy)
+        try:
+            c = client(url)
+            answers[policy] = [c.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0,
+                                                    extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+            if policy == "mlfq":
+                with pytest.raises(openai.BadRequestError, match="scheduling-policy priority"):
+                    c.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"priority": 3})
+        finally:
+            assert stop_cli_server(proc) == 0
+    assert answers["mlfq"] == answers["fcfs"] and all(answers["fcfs"])

@@ -105,3 +105,31 @@ def test_an_exact_schema_gets_no_warnings_header(server):
     r = httpx.post(server + "/v1/completions", json={"prompt": "x", "max_tokens": 60, "temperature": 0,
                                                      "response_format": FORMAT}, timeout=60)
     assert r.status_code == 200 and "x-structured-output-warnings" not in r.headers
+
+
+UNBOUNDED = {"type": "object", "properties": {"note": {"type": "string"}, "n": {"type": "number"}},
+             "required": ["note", "n"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_best_effort_answers_finish_within_max_tokens(server, stream):
+    """Issue 20: an unbounded string gets the serving default bound (said in the header), and the
+    JSON closes before max_tokens: finish_reason "stop", a complete, valid document."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": UNBOUNDED}}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 30, "temperature": 0,
+            "response_format": fmt, "stream": stream}
+    with httpx.stream("POST", server + "/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        warnings = json.loads(r.headers["x-structured-output-warnings"])
+        text = r.read().decode()
+    assert {(w["keyword"], w["at"], w["kind"]) for w in warnings} == {
+        ("maxLength", "#/properties/note", "default-bound"), ("maxDigits", "#/properties/n", "default-bound")}
+    if stream:
+        chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+        content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    else:
+        choice = json.loads(text)["choices"][0]
+        content, finish = choice["message"]["content"], [choice["finish_reason"]]
+    assert finish == ["stop"]
+    jsonschema.validate(json.loads(content), UNBOUNDED)

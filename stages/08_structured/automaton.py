@@ -327,7 +327,8 @@ def inline_rules(grammar: Grammar, budget: CompileBudget | None = None) -> Gramm
     for name in _callees_first(calls, list(grammar.rules)):
         budget.check()
         body = done[name] = _substitute(grammar.rules[name], bodies)
-        if name not in recursive and name != grammar.root and _size_at_most(body, INLINE_MAX_NODES):
+        if name not in recursive and name != grammar.root and name not in grammar.keep \
+                and _size_at_most(body, INLINE_MAX_NODES):
             bodies[name] = body
     # A rule inlined everywhere it was used is no longer needed.
     rules = {n: _substitute(done[n], bodies) for n in grammar.rules if n not in bodies}

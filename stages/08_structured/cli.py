@@ -12,6 +12,7 @@ from course.s01_decode_loop.cli import main as stage_main
 
 from .generate import ConstrainedGenerator
 from .grammar import Grammar, GrammarError
+from .json_schema_defaults import DefaultBounds
 from .json_schema_modes import BEST_EFFORT, MODES
 from .matcher import compile_grammar
 from .sources import grammar_from_ebnf_file, grammar_from_json_schema, grammar_from_regex
@@ -29,11 +30,26 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=MODES, default=BEST_EFFORT,
                         help="what to do with schema keywords that cannot be enforced exactly: refuse the "
                              "schema (strict) or relax them and report each as a warning (best-effort, default)")
+    parser.add_argument("--default-bounds", metavar="SPEC", type=_bounds,
+                        help="best-effort only: bounds for what the schema leaves unbounded, e.g. "
+                             "'string=64,digits=16,items=16', or 'serving' (those values); each applied is "
+                             "reported as a warning. Strict mode ignores it")
+    parser.add_argument("--close-on-budget", action="store_true",
+                        help="when the tokens left are about what closing the output takes, allow only "
+                             "tokens that still let it close before --max-new-tokens")
+
+
+def _bounds(text: str) -> DefaultBounds:
+    try:
+        return DefaultBounds.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def load_grammar(args: argparse.Namespace) -> Grammar:
     if args.json_schema is not None:
-        return grammar_from_json_schema(args.json_schema, strict=not args.no_strict, mode=args.mode)
+        return grammar_from_json_schema(args.json_schema, strict=not args.no_strict, mode=args.mode,
+                                        default_bounds=args.default_bounds)
     if args.regex is not None:
         return grammar_from_regex(args.regex)
     return grammar_from_ebnf_file(args.grammar)
@@ -57,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     def make_stream(loaded, args) -> ConstrainedGenerator:
         info = TokenizerInfo.from_huggingface(loaded.tokenizer, loaded.config.vocab_size,
                                               stop_ids=loaded.eos_token_ids)
-        return ConstrainedGenerator(compile_grammar(grammar, info))
+        return ConstrainedGenerator(compile_grammar(grammar, info), close_on_budget=args.close_on_budget)
 
     return stage_main(argv, description="Stage 08: generation constrained by a JSON schema, a regex or a grammar.",
                       make_stream=make_stream, add_args=add_args)

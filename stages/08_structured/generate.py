@@ -26,7 +26,8 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s02_kv_cache.generate import stream_cached
 
-from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask
+from .closing import restrict_to_closing
+from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask
 
 
 class GrammarLogitsProcessor:
@@ -39,9 +40,18 @@ class GrammarLogitsProcessor:
     An engine may call `prepare(output_ids)` ahead of time, on another thread, while the
     forward pass that produces the logits runs (as GPU engines fill the batch's bitmask
     during the forward); the call that follows then finds the mask ready. The engine waits
-    for `prepare` to return before it calls the processor: the two never overlap."""
+    for `prepare` to return before it calls the processor: the two never overlap.
 
-    def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None):
+    `close_on_budget` (closing.py): with `max_new_tokens` known, once the tokens left are about
+    what the shortest way to close the output needs (+ `margin`), only tokens after which it can
+    still close in time are allowed, so the answer ends with the stop token instead of being cut
+    at max_new_tokens. The loop's finish_reason stays truthful: "stop" when the stop token was
+    sampled, "length" when the budget ran out first."""
+
+    def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None, *,
+                 max_new_tokens: int | None = None, close_on_budget: bool = False, margin: int = 16):
+        self.max_new_tokens, self.close_on_budget, self.margin = max_new_tokens, close_on_budget, margin
+        self.closing_steps = 0  # masks the closing window cut down
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
         self.timings = timings
@@ -58,7 +68,14 @@ class GrammarLogitsProcessor:
         if self._mask_for == self.tokens:
             return  # filled ahead of time for exactly these tokens
         t0 = time.perf_counter()
-        self.matcher.fill_next_token_bitmask(self.bitmask)
+        m = self.matcher
+        if self.close_on_budget and self.max_new_tokens is not None and not m.is_terminated():
+            mask = m.next_token_mask()
+            if restrict_to_closing(mask, m.state, self.max_new_tokens - len(self.tokens), m.compiled, self.margin):
+                self.closing_steps += 1
+            self.bitmask[0].numpy()[:] = pack_mask(mask, self.bitmask.shape[-1])
+        else:
+            m.fill_next_token_bitmask(self.bitmask)
         if self.timings is not None:
             self.timings.append(time.perf_counter() - t0)
         self._mask_for = list(self.tokens)
@@ -95,16 +112,19 @@ class ConstrainedGenerator:
     """A `stream_fn(model, seq)` for stage 01's CLI contract: stage 02's cached loop, with the
     request's logits masked by a GrammarLogitsProcessor before every sample. Times each mask."""
 
-    def __init__(self, compiled: CompiledGrammar, max_model_len: int | None = None):
+    def __init__(self, compiled: CompiledGrammar, max_model_len: int | None = None, *,
+                 close_on_budget: bool = False, margin: int = 16):
         self.compiled = compiled
         self.max_model_len = max_model_len
+        self.close_on_budget, self.margin = close_on_budget, margin
         self.mask_seconds: list[float] = []
 
     def __call__(self, model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
         if seq.params.ignore_eos:
             raise ValueError("ignore_eos cannot be used with a grammar: once the output is complete "
                              "only a stop token is allowed")
-        processor = GrammarLogitsProcessor(self.compiled, self.mask_seconds)
+        processor = GrammarLogitsProcessor(self.compiled, self.mask_seconds, max_new_tokens=seq.params.max_new_tokens,
+                                           close_on_budget=self.close_on_budget, margin=self.margin)
         # A copy of the request's params with the processor added: the caller's params object
         # may be shared by other prompts (the CLI uses one for all), so it is left untouched.
         seq.params = dataclasses.replace(seq.params, logits_processors=[*seq.params.logits_processors, processor])

@@ -164,6 +164,9 @@ class Grammar:
     # What the source had to loosen or ignore to build this grammar (a JSON schema compiled in
     # best-effort mode, json_schema.py); empty when the grammar is exactly what was asked for.
     warnings: tuple = field(default=(), compare=False)
+    # Rules never inlined into their callers (automaton.inline_rules): big pieces that many
+    # callers share, like the default-bounded string of json_schema_defaults.py.
+    keep: frozenset = field(default=frozenset(), compare=False)
 
     def __post_init__(self):
         self.validate()

@@ -134,6 +134,7 @@ from urllib.parse import unquote
 from .budget import CompileBudget, recursion_guard
 from .grammar import EMPTY, Alt, Bytes, CharClass, Expr, Grammar, Ref, Repeat, Seq, refs_in
 from .json_schema_build import _Builder
+from .json_schema_defaults import SERVING_BOUNDS, DefaultBounds  # noqa: F401 (importable from here)
 from .json_schema_keywords import (EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,
                                    resolve_pointer)
 from .json_schema_merge import _Flattener
@@ -141,7 +142,8 @@ from .json_schema_modes import BEST_EFFORT, MODES, STRICT, Relaxer, SchemaWarnin
 from .json_schema_values import _HELPERS, FORMATS, NEVER, _alt, _repeat, _seq
 from .json_schema_values import integer_range  # noqa: F401 (importable from here, as before)
 
-__all__ = ["BEST_EFFORT", "FORMATS", "MODES", "STRICT", "SUPPORTED_FEATURES", "SchemaWarning",
+__all__ = ["BEST_EFFORT", "FORMATS", "MODES", "SERVING_BOUNDS", "STRICT", "SUPPORTED_FEATURES", "DefaultBounds",
+           "SchemaWarning",
            "UNSUPPORTED_FEATURES", "EmptySchemaError", "SchemaError",
            "UnsupportedSchemaError", "canonical_json", "json_schema_to_grammar"]
 
@@ -194,7 +196,8 @@ UNSUPPORTED_FEATURES = {  # strict mode refuses these; best-effort relaxes them 
 
 
 def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mode: str = STRICT,
-                           budget: CompileBudget | None = None) -> Grammar:
+                           budget: CompileBudget | None = None,
+                           default_bounds: DefaultBounds | None = None) -> Grammar:
     """Compile a JSON Schema (a dict, a bool, or JSON text) into a Grammar whose language is
     the canonical spelling of exactly the values the schema accepts.
 
@@ -206,7 +209,11 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mo
     measured first (max_depth, max_nodes, in one cheap walk), each keyword is checked where it
     is read (max_enum_values, max_properties, max_repeat, max_integer_digits, max_depth for
     $ref chains), and the deadline and cancel() are checked as it goes. Raises GrammarError
-    (LimitExceeded and CompileTimeout included) or CompileCancelled, never RecursionError."""
+    (LimitExceeded and CompileTimeout included) or CompileCancelled, never RecursionError.
+
+    `default_bounds` (json_schema_defaults.py, best-effort mode only; ignored in strict mode):
+    bounds for strings, numbers and arrays the schema leaves unbounded, each one applied
+    reported in `grammar.warnings` with kind "default-bound"."""
     budget = budget or CompileBudget.unlimited()
     with recursion_guard("the schema"):
         if isinstance(schema, str):
@@ -216,7 +223,10 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mo
                 raise SchemaError(f"the schema is not valid JSON: {e}") from None
         budget.check()
         budget.check_document(schema)
-        return _Converter(schema, strict, budget, Relaxer(mode)).grammar()
+        converter = _Converter(schema, strict, budget, Relaxer(mode))
+        if mode == BEST_EFFORT and default_bounds is not None:
+            converter.defaults = default_bounds
+        return converter.grammar()
 
 
 def _trivial(expr: Expr) -> bool:
@@ -241,6 +251,8 @@ class _Converter(_Flattener, _Builder):
         self.unguarded: list[str] = []            # $ref rules entered since the last { or [
         self.inlining: list[str] = []             # $ref targets being merged with siblings
         self.checked: set[int] = set()
+        self.defaults = DefaultBounds()           # serving-mode bounds (best-effort only): none
+        self.bounded_rules: dict[tuple, str] = {} # (kind, bound) -> rule name of a default-bounded piece
 
     def grammar(self) -> Grammar:
         self.ref_rule("#")
@@ -254,7 +266,8 @@ class _Converter(_Flattener, _Builder):
                       if name in productive}
         reachable = self._reachable("root")
         return Grammar({name: body for name, body in self.rules.items() if name in reachable},
-                       warnings=tuple(self.relaxer.warnings))
+                       warnings=tuple(self.relaxer.warnings),
+                       keep=frozenset(n for n in self.bounded_rules.values() if n in reachable))
 
     # -------------------------------------------------------------- rules
     def fresh(self, base: str) -> str:

@@ -7,12 +7,13 @@ import json
 import re
 
 from .budget import LimitExceeded
-from .grammar import EMPTY, Expr, GrammarError, Ref, lit, repeat, star
+from .grammar import EMPTY, Expr, GrammarError, Ref, chars, lit, opt, repeat, star
+from .json_schema_defaults import DefaultBounds
 from .json_schema_keywords import (BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, _same_json,
                                    canonical_json)
 from .json_schema_merge import _Flat, _int_bounds
 from .json_schema_numbers import as_decimal, number_range
-from .json_schema_values import (FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus,
+from .json_schema_values import (DIGIT, NONZERO, FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus,
                                  _ends_with_anchor, _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat,
                                  _safe_escape, _seq, _top_level_alternatives, digit_count, integer_range, matches)
 from .regex_parser import parse_regex
@@ -50,7 +51,11 @@ class _Builder:
     def enum_expr(self, f: _Flat, hint: str) -> Expr:
         """Each value's canonical literal, if the sibling keywords accept it."""
         rest = _Flat({k: v for k, v in f.kw.items() if k not in ("enum", "exclude")}, f.where)
-        check = self.flat_expr(rest, hint) if rest.kw else None
+        defaults, self.defaults = self.defaults, DefaultBounds()  # listed values need no default bound
+        try:
+            check = self.flat_expr(rest, hint) if rest.kw else None
+        finally:
+            self.defaults = defaults
         kept = []
         for value in f.kw["enum"]:
             self.budget.check()
@@ -75,7 +80,7 @@ class _Builder:
         (json_schema_numbers.py); no bound and no hole: any JSON number."""
         holes = sorted({as_decimal(v) for v in f.kw.get("exclude", []) if _is_number(v)})
         if not holes and not any(k in f.kw for k in BOUNDS):
-            return self.helper("number")
+            return self.default_bounded("number", f) or self.helper("number")
         (lo, lo_open), (hi, hi_open) = _number_bounds(f.kw)
         holes = [h for h in holes if (lo is None or h >= lo) and (hi is None or h <= hi)]
         edges = [(lo, lo_open)] + [(h, True) for h in holes] + [(hi, hi_open)]
@@ -91,7 +96,7 @@ class _Builder:
         holes = sorted({int(v) for v in f.kw.get("exclude", [])
                         if _is_number(v) and (isinstance(v, int) or v.is_integer())})
         if lo is None and hi is None and not holes:
-            return self.helper("integer")
+            return self.default_bounded("integer", f) or self.helper("integer")
         holes = [h for h in holes if (lo is None or h >= lo) and (hi is None or h <= hi)]
         edges = [lo] + holes + [hi]  # the ranges between the holes
         return _alt(*(integer_range(None if a is None else a + (i > 0), None if b is None else b - (i < len(holes)))
@@ -120,12 +125,50 @@ class _Builder:
                       "only the pattern is enforced")
             expr = _seq(lit('"'), self.pattern_expr(pattern, f.where["pattern"]), lit('"'))
         elif lo == 0 and hi is None:
-            expr = self.helper("string")
+            # (not with strings ruled out by `not`: the generic string is the exact way to do that)
+            bounded = None if _string_excludes(f) else self.default_bounded("string", f)
+            expr = bounded or self.helper("string")
         elif hi is not None and lo > hi:
             expr = NEVER
         else:
+            if hi is None and self.defaults.max_string_length is not None and not _string_excludes(f):
+                hi = max(lo, self.defaults.max_string_length)
+                self.note_default(f, "maxLength", f"no maxLength: at most {hi} characters (serving default)")
             expr = _seq(lit('"'), repeat(self.helper("one_char"), lo, hi), lit('"'))
         return self.without_strings(expr, f, hint)
+
+    # -------------------------------------------------------------- serving-mode default bounds
+    def default_bounded(self, kind: str, f: _Flat) -> Expr | None:
+        """The default-bounded version of an unbounded string, number or integer (one shared rule
+        per kind and bound, reported once per schema object), or None without such a default."""
+        d = self.defaults
+        bound = d.max_string_length if kind == "string" else d.max_number_digits
+        if bound is None:
+            return None
+        if kind == "string":
+            self.note_default(f, "maxLength", f"no maxLength: at most {bound} characters (serving default)")
+        else:
+            self.note_default(f, "maxDigits", f"no bounds: at most {bound} digits in the integer part, "
+                                              f"the fraction and the exponent (serving default)")
+        name = self.bounded_rules.get((kind, bound))
+        if name is None:
+            name = self.bounded_rules[(kind, bound)] = self.fresh(f"{kind}_max{bound}")
+            if kind == "string":
+                body = _seq(lit('"'), repeat(self.helper("char"), 0, bound), lit('"'))
+            else:
+                digits = repeat(DIGIT, 0, bound - 1)
+                if kind == "integer":
+                    body = _alt(lit("0"), _seq(opt(lit("-")), NONZERO, digits))
+                else:
+                    body = _seq(opt(lit("-")), _alt(lit("0"), _seq(NONZERO, digits)),
+                                opt(_seq(lit("."), repeat(DIGIT, 1, bound))),
+                                opt(_seq(chars("eE"), opt(chars("+-")), repeat(DIGIT, 1, min(bound, 3)))))
+            self.rules[name] = body
+        return Ref(name)
+
+    def note_default(self, f: _Flat, keyword: str, text: str) -> None:
+        pointer = next(iter(f.where.values()), "#")  # the schema object the keywords came from
+        self.relaxer.note(keyword, pointer, text, kind="default-bound")
 
     def without_strings(self, expr: Expr, f: _Flat, hint: str) -> Expr:
         """The string piece minus the strings `not` rules out. Any string: a string that does not
@@ -171,6 +214,9 @@ class _Builder:
         if hi is not None and lo > hi:
             return NEVER
         prefix = f.kw.get("prefixItems", [])
+        if hi is None and self.defaults.max_array_items is not None:
+            hi = max(lo, len(prefix), self.defaults.max_array_items)
+            self.note_default(f, "maxItems", f"no maxItems: at most {hi} items (serving default)")
         items = f.kw.get("items")
         if items is None:  # strict: prefixItems alone lists every item
             items = [(False, hint)] if self.strict and "prefixItems" in f.kw else []
@@ -332,6 +378,10 @@ def _listed(value, values) -> bool:
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _string_excludes(f: _Flat) -> bool:
+    return any(isinstance(v, str) for v in f.kw.get("exclude", []))
 
 
 def _number_bounds(kw: dict):

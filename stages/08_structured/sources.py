@@ -7,9 +7,11 @@ from pathlib import Path
 from .grammar import Grammar, GrammarError
 
 
-def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict") -> Grammar:
+def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict",
+                             default_bounds=None) -> Grammar:
     """A schema file, or the schema itself as JSON text. `mode`: "strict" or "best-effort"
-    (json_schema_modes.py); what best-effort relaxed is in the grammar's `warnings`."""
+    (json_schema_modes.py); what best-effort relaxed is in the grammar's `warnings`.
+    `default_bounds`: a DefaultBounds (json_schema_defaults.py), best-effort only."""
     from .json_schema import json_schema_to_grammar
 
     text = str(source)
@@ -19,7 +21,7 @@ def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str 
         schema = json.loads(text)
     except ValueError as e:  # JSONDecodeError, or an integer too long to read
         raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-    return json_schema_to_grammar(schema, strict=strict, mode=mode)
+    return json_schema_to_grammar(schema, strict=strict, mode=mode, default_bounds=default_bounds)
 
 
 def grammar_from_regex(pattern: str) -> Grammar:
