@@ -1,5 +1,12 @@
-"""Fixtures shared by every stage's tests (pytest loads this root conftest for any path)."""
+"""Fixtures shared by every stage's tests (pytest loads this root conftest for any path), the
+`gpu` marker's skip, and the exercise switch (`--exercise`)."""
+import importlib
+import importlib.util
+import inspect
 import os
+import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,3 +50,75 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ---- the exercise switch ---------------------------------------------------------------------
+# `pytest stages/03_paged --exercise` runs the stage's tests against the learner's code in
+# stages/NN_name/exercises/MODULE.py instead of the reference in stages/NN_name/MODULE.py. Each
+# function an exercise file defines takes the place of the reference function of that name (every
+# module that imported it sees the new one); each function of a class it defines becomes a method
+# of the reference class of that name. They run in the reference module's namespace, so they see
+# exactly the names the reference code sees. Without the flag nothing changes.
+ROOT = Path(__file__).resolve().parent
+
+
+def exercise_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for p in root.glob("stages/*/exercises/*.py") if not p.name.startswith("_"))
+
+
+def reference_module(path: Path) -> types.ModuleType:
+    """stages/03_paged/exercises/block_manager.py -> course.s03_paged.block_manager"""
+    return importlib.import_module(f"course.s{path.parent.parent.name}.{path.stem}")
+
+
+def load_exercise(path: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(f"course_exercise_{path.parent.parent.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _in_namespace(fn: types.FunctionType, module: types.ModuleType) -> types.FunctionType:
+    """`fn`'s code with `module`'s globals, as if it had been written in the reference file."""
+    new = types.FunctionType(fn.__code__, module.__dict__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__, new.__doc__, new.__qualname__ = fn.__kwdefaults__, fn.__doc__, fn.__qualname__
+    new.__annotations__, new.__module__ = fn.__annotations__, module.__name__
+    return new
+
+
+def install_exercise(path: Path) -> list[str]:
+    """Put the exercise file's functions in place of the reference; returns what was replaced."""
+    target, stubs, replaced = reference_module(path), load_exercise(path), []
+    for name, obj in vars(stubs).items():
+        if getattr(obj, "__module__", None) != stubs.__name__:
+            continue  # imported into the exercise file, not written there
+        if inspect.isfunction(obj):
+            old, new = getattr(target, name, None), _in_namespace(obj, target)
+            for module in list(sys.modules.values()):  # `from x import f` bound f elsewhere: rebind it too
+                if getattr(module, "__name__", "").startswith("course.") and old is not None \
+                        and getattr(module, name, None) is old:
+                    setattr(module, name, new)
+            setattr(target, name, new)
+            replaced.append(f"{target.__name__}.{name}")
+        elif inspect.isclass(obj):
+            cls = getattr(target, name)
+            for attr, fn in vars(obj).items():
+                if inspect.isfunction(fn):
+                    setattr(cls, attr, _in_namespace(fn, target))
+                    replaced.append(f"{target.__name__}.{name}.{attr}")
+    return replaced
+
+
+def pytest_addoption(parser):
+    parser.addoption("--exercise", action="store_true", default=False,
+                     help="run the tests against your code in stages/*/exercises/ instead of the reference")
+
+
+def pytest_configure(config):
+    if config.getoption("--exercise", default=False):
+        config._exercises = [name for path in exercise_files() for name in install_exercise(path)]
+
+
+def pytest_report_header(config):
+    if getattr(config, "_exercises", None):
+        return "exercise mode: your code in place of " + ", ".join(config._exercises)
