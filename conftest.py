@@ -114,9 +114,25 @@ def pytest_addoption(parser):
                      help="run the tests against your code in stages/*/exercises/ instead of the reference")
 
 
+def stages_named(args: list[str], root: Path = ROOT) -> set[str] | None:
+    """The stage folders the command line points into (`pytest stages/03_paged` -> {"03_paged"});
+    None when it points at no stage (a bare `pytest`): then every stage's exercises apply."""
+    stages, names = (root / "stages").resolve(), set()
+    for arg in args:
+        path = Path(arg.split("::")[0]).resolve()
+        if path.is_relative_to(stages) and path != stages:
+            names.add(path.relative_to(stages).parts[0])
+    return names or None
+
+
 def pytest_configure(config):
     if config.getoption("--exercise", default=False):
-        config._exercises = [name for path in exercise_files() for name in install_exercise(path)]
+        # Only the stages under test: a learner on stage 03 still runs stage 01's reference
+        # attention underneath, whatever stage 01's exercise files hold.
+        wanted = stages_named(config.args)
+        config._exercises = [name for path in exercise_files()
+                             if wanted is None or path.parent.parent.name in wanted
+                             for name in install_exercise(path)]
 
 
 def pytest_report_header(config):

@@ -34,8 +34,10 @@ def stubs_of(path: Path) -> list[tuple[str, object, object]]:
     return found
 
 
-def test_two_stages_have_exercises():
-    assert {p.parent.parent.name for p in EXERCISES} >= {"03_paged", "05_speculative"}
+def test_the_core_stages_have_exercises():
+    assert {p.parent.parent.name for p in EXERCISES} >= {"01_decode_loop", "02_kv_cache", "03_paged",
+                                                         "04_continuous_batching", "05_speculative",
+                                                         "08_structured"}
 
 
 @pytest.mark.parametrize("path", EXERCISES, ids=lambda p: f"{p.parent.parent.name}/{p.name}")
@@ -58,17 +60,52 @@ def test_the_reference_runs_unless_asked(request):
             assert Path(inspect.getsourcefile(ref)).parent.name != "exercises", name
 
 
-def test_with_the_switch_the_stages_tests_run_the_stubs_and_fail():
-    tests = ["stages/03_paged/tests/test_block_manager.py", "stages/05_speculative/tests/test_verify.py"]
+def run_with_the_switch(*tests: str) -> str:
     run = subprocess.run([sys.executable, "-m", "pytest", *tests, "--exercise", "-p", "no:cacheprovider",
                           "--tb=line", "-rf"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = run.stdout + run.stderr
     assert run.returncode == 1, out[-3000:]  # 1: tests failed (not a crash, not a usage error)
-    assert "exercise mode: your code in place of course.s03_paged.block_manager.hash_block" in out
     assert "NotImplementedError: exercise:" in out
-    for test in ["test_greedy_keeps_the_matching_prefix_then_the_targets_token",
-                 "test_residual_is_where_the_target_wants_more",
-                 "test_block_manager_prefix_hits_reuse_full_blocks_only"]:
+    return out
+
+
+# (the stage's test files, a stub the run must name, tests that must fail with the stubs in place)
+STAGE_RUNS = {
+    "01": (["stages/01_decode_loop/tests/test_attention.py", "stages/01_decode_loop/tests/test_sampling.py"],
+           "course.s01_decode_loop.attention.causal_attention",
+           ["test_attention_causal_matches_sdpa", "test_top_k_matches_reference"]),
+    "02": (["stages/02_kv_cache/tests/test_kv_cache.py"], "course.s02_kv_cache.kv_cache.KVCache.write",
+           ["test_cached_greedy_equals_naive", "test_cache_never_writes_past_its_capacity"]),
+    "03+05": (["stages/03_paged/tests/test_block_manager.py", "stages/05_speculative/tests/test_verify.py"],
+              "course.s03_paged.block_manager.hash_block",
+              ["test_greedy_keeps_the_matching_prefix_then_the_targets_token",
+               "test_residual_is_where_the_target_wants_more",
+               "test_block_manager_prefix_hits_reuse_full_blocks_only"]),
+    "04": (["stages/04_continuous_batching/tests/test_engine.py"],
+           "course.s04_continuous_batching.scheduler.Scheduler._make_room",
+           ["test_batching_token_budget_and_chunked_prefill_schedule",
+            "test_batching_preemption_keeps_outputs_identical"]),
+    "08": (["stages/08_structured/tests/test_matcher.py"], "course.s08_structured.pda.PDA.advance",
+           ["test_masks_equal_the_naive_reference_at_every_step", "test_a_rejected_token_leaves_the_state_unchanged"]),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_RUNS))
+def test_with_the_switch_the_stages_tests_run_the_stubs_and_fail(stage):
+    tests, stub, failing = STAGE_RUNS[stage]
+    out = run_with_the_switch(*tests)
+    assert "exercise mode: your code in place of" in out and stub in out
+    for test in failing:
         assert any(line.startswith("FAILED") and f"::{test}" in line for line in out.splitlines()), out[-3000:]
+
+
+def test_the_switch_replaces_only_the_stages_under_test():
+    """A learner on stage 04 runs stage 01's reference attention underneath, whatever stage 01's
+    exercise files hold: only the exercises of the stages named on the command line apply."""
+    out = run_with_the_switch("stages/04_continuous_batching/tests/test_engine.py")
+    header = next(line for line in out.splitlines() if line.startswith("exercise mode:"))
+    assert "course.s04_continuous_batching" in header and "course.s01_decode_loop" not in header
+    assert switch.stages_named(["stages/03_paged/tests/test_block_manager.py::test_x", "final"]) == {"03_paged"}
+    assert switch.stages_named(["final", "tests"]) is None
