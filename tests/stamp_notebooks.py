@@ -32,6 +32,7 @@ import hashlib
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 try:
@@ -269,11 +270,30 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     for path in paths:
         print(f"executing {path.relative_to(ROOT)} ({'full' if args.full else 'quick'} mode) ...", flush=True)
+        start = time.perf_counter()
         nb = execute(path, quick=not args.full)
+        seconds = time.perf_counter() - start
         stamp(nb, quick=not args.full)
+        nb["metadata"][KEY]["seconds"] = round(seconds, 1)
+        note_run_time(nb, seconds, quick=not args.full)
         nbformat.write(nb, path)
-        print(f"stamped {path.relative_to(ROOT)}", flush=True)
+        print(f"stamped {path.relative_to(ROOT)} ({seconds:.0f} s)", flush=True)
     return 0
+
+
+RUN_NOTE = re.compile(r"\n*\*Saved outputs: .*?\*$", re.S)
+
+
+def note_run_time(nb, seconds: float, quick: bool) -> None:
+    """Say at the top of the notebook (its first markdown cell) how its outputs were made and how
+    long that took, so a learner knows what to expect before pressing Run All."""
+    cell = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    if cell is None:
+        return
+    mode = "quick mode (`COURSE_QUICK=1`)" if quick else "full mode"
+    note = (f"*Saved outputs: {mode}, executed top to bottom in {seconds:.0f} s on our 2-core x86_64 CPU "
+            f"({datetime.date.today().isoformat()}).*")
+    cell.source = RUN_NOTE.sub("", cell.source.rstrip()) + "\n\n" + note
 
 
 if __name__ == "__main__":
