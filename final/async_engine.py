@@ -52,22 +52,22 @@ class _Group:
     request_ids: list[int] = field(default_factory=list)  # filled by the engine thread
 
 
-class RequestStream:
-    """The (index, TokenEvent) pairs of one admitted request, as they come. `close()` (sync,
-    idempotent) aborts whatever has not finished and frees its KV blocks: call it when the
-    client goes away."""
+class EventStream:
+    """The (index, TokenEvent) pairs of one admitted request, as they come from `events` (an
+    asyncio.Queue that may also carry an exception). `close()` (sync, idempotent) cancels
+    whatever has not finished: call it when the client goes away. Subclasses say how to cancel."""
 
-    def __init__(self, engine: "AsyncEngine", group: _Group):
-        self._engine, self._group = engine, group
-        self._running = set(range(len(group.seqs)))
+    def __init__(self, events: asyncio.Queue, num_choices: int):
+        self._events = events
+        self._running = set(range(num_choices))
 
-    def __aiter__(self) -> "RequestStream":
+    def __aiter__(self) -> "EventStream":
         return self
 
     async def __anext__(self) -> tuple[int, TokenEvent]:
         if not self._running:
             raise StopAsyncIteration
-        item = await self._group.events.get()
+        item = await self._events.get()
         if isinstance(item, BaseException):
             self.close()
             raise item
@@ -79,7 +79,22 @@ class RequestStream:
     def close(self) -> None:
         if self._running:
             self._running.clear()
-            self._engine._commands.put(("abort", self._group))
+            self._cancel()
+
+    def _cancel(self) -> None:
+        raise NotImplementedError
+
+
+class RequestStream(EventStream):
+    """An EventStream of the local engine: closing it aborts the request on the engine thread
+    and frees its KV blocks."""
+
+    def __init__(self, engine: "AsyncEngine", group: _Group):
+        super().__init__(group.events, len(group.seqs))
+        self._engine, self._group = engine, group
+
+    def _cancel(self) -> None:
+        self._engine._commands.put(("abort", self._group))
 
     async def aclose(self) -> None:
         self.close()

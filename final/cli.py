@@ -19,7 +19,7 @@ from .scheduling import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
 from .remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
-from .shutdown import GracefulServer
+from .shutdown import serve_until_stopped
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -129,7 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--routing-policy", choices=ROUTING_POLICIES,
                    help="how the prefill worker (or replica) is chosen (default cache_aware); decode: least-loaded")
     args = p.parse_args(argv)
-    import uvicorn
 
     try:
         check_flags(args, {name: s.get_default(name) for name in LOCAL_ONLY})
@@ -144,12 +143,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine.start()
-    server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                           timeout_graceful_shutdown=5),
-                            engine, args.drain_timeout, on_drain=app.state.grammars.cancel_all)
-    try:
-        server.run()
-    finally:
-        app.state.grammars.cancel_all()
-        engine.shutdown()
+    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout)
     return 0

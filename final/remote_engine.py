@@ -41,7 +41,7 @@ from course.s04_continuous_batching.engine import QueueFullError
 from course.s07_disaggregated.dispatcher import Dispatcher
 from course.s07_disaggregated.router import NoAliveWorkerError
 
-from .async_engine import RequestFailedError, ShuttingDownError
+from .async_engine import EventStream, RequestFailedError, ShuttingDownError
 from .metrics import ServerMetrics
 
 
@@ -96,34 +96,17 @@ class _Call:
             self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
-class RemoteStream:
-    """As RequestStream: (index, TokenEvent) pairs as they come; `close()` (sync, idempotent)
-    cancels what has not finished."""
+class RemoteStream(EventStream):
+    """An EventStream of the remote path: closing it cancels every choice still on the workers
+    (the dispatcher frees their blocks there)."""
 
     def __init__(self, engine: "RemoteEngine", call: _Call):
+        super().__init__(call.events, call.n)
         self._engine, self._call = engine, call
-        self._running = set(range(call.n))
 
-    def __aiter__(self) -> "RemoteStream":
-        return self
-
-    async def __anext__(self) -> tuple[int, TokenEvent]:
-        if not self._running:
-            raise StopAsyncIteration
-        item = await self._call.events.get()
-        if isinstance(item, BaseException):
-            self.close()
-            raise item
-        index, event = item
-        if event.finish_reason is not None:
-            self._running.discard(index)
-        return index, event
-
-    def close(self) -> None:
-        if self._running:
-            self._running.clear()
-            for cancel in self._call.cancels:
-                cancel.set()
+    def _cancel(self) -> None:
+        for cancel in self._call.cancels:
+            cancel.set()
 
     async def aclose(self) -> None:
         self.close()
@@ -298,7 +281,6 @@ def check_flags(args: argparse.Namespace, defaults: dict) -> None:
 def serve_disaggregated(args: argparse.Namespace) -> int:
     """Start the workers (stage 07's Topology), serve the OpenAI API over them until Ctrl-C or
     SIGTERM (a drain, as the local server's), then stop the workers, whatever happened."""
-    import uvicorn
     from transformers import AutoTokenizer
 
     from course.s01_decode_loop.config import ModelConfig
@@ -308,7 +290,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
 
     from .cli import num_kv_blocks, parse_size
     from .server import ServerLimits, build_app
-    from .shutdown import GracefulServer
+    from .shutdown import serve_until_stopped
 
     try:
         max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
@@ -347,14 +329,9 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
             app = build_app(engine, tokenizer, name, limits)
             signal.signal(signal.SIGTERM, previous)  # uvicorn installs its own (a drain) from here
-            server = GracefulServer(uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                                                   timeout_graceful_shutdown=5),
-                                    engine, args.drain_timeout, on_drain=app.state.grammars.cancel_all)
             try:
-                server.run()
+                serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout)
             finally:
-                app.state.grammars.cancel_all()
-                engine.shutdown()
                 dispatcher.close()
         return 0  # leaving the `with` stopped the workers
     except KeyboardInterrupt:  # while the workers were starting: Topology stopped them
