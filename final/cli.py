@@ -49,11 +49,17 @@ def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config,
 def kernel_options(args: argparse.Namespace) -> dict:
     """Stage 06's choices. On CUDA the Triton kernels, fused ops and decode graphs are the
     defaults; elsewhere the PyTorch backend (Triton would run through its interpreter, and the
-    graph stand-in only checks capturability), unfused (merging weights buys nothing there)."""
+    graph stand-in only checks capturability), fused, with every linear split over the
+    intra-op threads (torch's CPU linear runs a decode step's GEMVs on one thread:
+    stage 06's split_linear.py; 1.7x single-stream decode on our 2-core CPU)."""
     cuda = args.device.startswith("cuda")
     backend = args.attention_backend or ("triton" if cuda else "torch")
     graphs = cuda if args.cuda_graphs is None else args.cuda_graphs
-    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": cuda if args.fused is None else args.fused}
+    splits = args.linear_splits if args.linear_splits is not None else (1 if cuda else torch.get_num_threads())
+    fused = args.fused if args.fused is not None else (cuda or splits > 1)
+    if splits > 1 and not fused:
+        raise ValueError("--linear-splits needs the fused model: drop --no-fused")
+    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits}
 
 
 def build_server(args: argparse.Namespace):
@@ -98,7 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
                    help="replay decode steps from captured graphs (default: on with CUDA)")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
-                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on with CUDA)")
+                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on)")
+    k.add_argument("--linear-splits", type=int,
+                   help="each linear as a bmm over this many row blocks (default: torch's thread count on "
+                        "the CPU, 1 on CUDA; 1 = torch's linear)")
     sp = s.add_argument_group("speculative decoding (stage 05, inside the batch)")
     sp.add_argument("--speculative-method", choices=METHODS, default="none",
                     help="lookup: prompt lookup (vLLM's ngram); eagle: stage 05's EAGLE head (trained for SmolLM2-135M)")

@@ -9,6 +9,7 @@ from course.final.cli import kernel_options
 from course.final.testing import live_server, tiny_engine
 
 SETTINGS = {"torch": {}, "torch+fused+graphs": {"fused": True, "cuda_graphs": True},
+            "torch+fused+split": {"fused": True, "linear_splits": 2},
             "triton+graphs": {"attention_backend": "triton", "cuda_graphs": True}}
 
 
@@ -25,24 +26,38 @@ def answers(byte_tok, settings):
 
 def test_server_answers_are_the_same_with_every_kernel_setting(byte_tok):
     want, _ = answers(byte_tok, SETTINGS["torch"])
-    for name in ("torch+fused+graphs", "triton+graphs"):
+    for name in ("torch+fused+graphs", "torch+fused+split", "triton+graphs"):
         got, stats = answers(byte_tok, SETTINGS[name])
         assert got == want, name
-        assert stats["graphed_steps"] > 0 and stats["backend"] == name.split("+")[0]
+        assert (stats["graphed_steps"] > 0) == ("graphs" in name) and stats["backend"] == name.split("+")[0]
 
 
-@pytest.mark.parametrize("device, flags, want", [
-    ("cpu", {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False}),
-    ("cuda", {}, {"attention_backend": "triton", "cuda_graphs": True, "fused": True}),
-    ("cuda", {"cuda_graphs": False, "attention_backend": "torch"},
-     {"attention_backend": "torch", "cuda_graphs": False, "fused": True}),
-    ("cpu", {"fused": True, "cuda_graphs": True}, {"attention_backend": "torch", "cuda_graphs": True, "fused": True}),
+@pytest.mark.parametrize("device, threads, flags, want", [
+    ("cpu", 2, {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": True, "linear_splits": 2}),
+    ("cpu", 1, {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False, "linear_splits": 1}),
+    ("cpu", 2, {"linear_splits": 1}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False,
+                                      "linear_splits": 1}),
+    ("cpu", 2, {"fused": False, "linear_splits": 1},
+     {"attention_backend": "torch", "cuda_graphs": False, "fused": False, "linear_splits": 1}),
+    ("cuda", 2, {}, {"attention_backend": "triton", "cuda_graphs": True, "fused": True, "linear_splits": 1}),
+    ("cuda", 2, {"cuda_graphs": False, "attention_backend": "torch"},
+     {"attention_backend": "torch", "cuda_graphs": False, "fused": True, "linear_splits": 1}),
+    ("cpu", 2, {"fused": True, "cuda_graphs": True},
+     {"attention_backend": "torch", "cuda_graphs": True, "fused": True, "linear_splits": 2}),
 ])
-def test_cli_kernel_defaults_follow_the_device(device, flags, want):
-    args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None)
+def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, monkeypatch):
+    monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: threads)
+    args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None, linear_splits=None)
     for key, value in flags.items():
         setattr(args, key, value)
     assert kernel_options(args) == want
+
+
+def test_cli_refuses_split_linears_without_the_fused_model(monkeypatch):
+    monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: 2)
+    args = argparse.Namespace(device="cpu", attention_backend=None, cuda_graphs=None, fused=False, linear_splits=None)
+    with pytest.raises(ValueError, match="--no-fused"):
+        kernel_options(args)
 
 
 def test_server_with_prompt_lookup_gives_the_same_answers_and_counts_drafts(byte_tok):

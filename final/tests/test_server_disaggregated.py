@@ -2,7 +2,6 @@
 stage 07's worker processes, as a user runs it (a real process, a real port), against the
 unified server on the same model folder."""
 import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -22,7 +21,7 @@ from course.final.metrics import ServerMetrics
 from course.s01_decode_loop.testing import byte_tokenizer, save_hf_folder, tiny_model
 from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
-from course.s07_disaggregated.testing import settled
+from course.s07_disaggregated.testing import alive, settled, stop_front_and_workers
 
 POOL = ["--kv-blocks", "256", "--block-size", "4"]
 PROMPTS = ["hello", "a longer prompt, past a few blocks of four tokens", "x"]
@@ -47,14 +46,6 @@ def unified(folder):
         yield openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
 @contextlib.contextmanager
 def serving(folder, log, *topology: str):
     """`serve --disaggregated TOPOLOGY` on the folder: (base URL, its process, its workers (role, url, pid))."""
@@ -77,16 +68,7 @@ def serving(folder, log, *topology: str):
                 time.sleep(0.2)
         yield SimpleNamespace(url=url, proc=proc, workers=workers(), log=log)
     finally:  # on failure too: the server first (it stops its workers), then any worker left
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for w in workers():
-            if alive(w.pid):
-                os.kill(w.pid, signal.SIGKILL)
+        stop_front_and_workers(proc, lambda: [w.pid for w in workers()], signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")

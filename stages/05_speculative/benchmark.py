@@ -12,7 +12,8 @@ Workloads (batch 1, greedy, the default model, chat template):
 For every (workload, method, k) the rows report the mean accepted length (tokens emitted per
 target forward; 1.0 = no gain), the acceptance rate of drafted tokens, and the wall-clock
 speedup: stage 02's decode time / this method's, same prompts, same tokens (every method's
-greedy output is checked equal to stage 02's). Times are of the whole generation after a
+greedy output is checked equal to stage 02's; where the two part at a near tie, a pair of
+logits within 1e-3, the row says so: see `compare`). Times are of the whole generation after a
 warm-up, so prefill is in both.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 import torch
 
 from course.s01_decode_loop.benchmark import write_json
-from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.generate import encode_prompt, next_token_logits
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
@@ -53,6 +54,19 @@ def workloads(tokenizer, n: int) -> dict[str, list[str]]:
     structured = [f'Describe {s} as a JSON object with the keys "name", "category", "description", "facts" '
                   "(a list of three short strings). Answer with the JSON only." for s in JSON_SUBJECTS[:n]]
     return {"chat": chat, "rewrite": rewrite, "json": structured}
+
+
+def compare(model, prompt_ids: list[int], want: list[int], got: list[int], tol: float = 1e-3) -> str:
+    """'equal'; 'near tie' when the outputs part where the reference's logits for the two
+    tokens are within `tol` (float32 sums taken in another order, a wider verify matmul or
+    another thread count, can flip such an argmax: that is rounding, not a bug); else 'differs'."""
+    if got == want:
+        return "equal"
+    i = next((j for j, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if i is None:  # one is a prefix of the other: they did not part on a token
+        return "differs"
+    logits = next_token_logits(model, prompt_ids + want[:i])
+    return "near tie" if abs(float(logits[want[i]] - logits[got[i]])) < tol else "differs"
 
 
 def timed(stream_fn, seq: Sequence) -> float:
@@ -89,7 +103,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                      "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True})
         for method in methods:
             for k in ([TREE["depth"]] if method == "eagle-tree" else ks):
-                stats, seconds, equal = SpecStats(), 0.0, True
+                stats, seconds, verdicts = SpecStats(), 0.0, []
                 for p, ref in zip(ids, base_out):
                     seq = Sequence(p, params, tok, eos)
                     if method == "eagle-tree":
@@ -98,13 +112,14 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                     else:
                         fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
                     seconds += timed(fn, seq)
-                    equal &= seq.output_ids == ref
+                    verdicts.append(compare(model, p, ref, seq.output_ids))
+                equal = "differs" not in verdicts  # a near tie is reported, not counted as a bug
                 rows.append({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
                              "mean_accepted_length": stats.mean_accepted_length,
                              "acceptance_rate": stats.acceptance_rate, "speedup": base_time / seconds,
-                             "equal": equal})
+                             "equal": equal, "near_ties": verdicts.count("near tie")})
                 print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
-                      f"speedup {base_time / seconds:4.2f}x{'' if equal else '  OUTPUT DIFFERS'}", flush=True)
+                      f"speedup {base_time / seconds:4.2f}x{_flag(rows[-1])}", flush=True)
     return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, float32",
             "prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
             "tree": TREE, "rows": rows}
@@ -141,7 +156,13 @@ def print_table(result: dict) -> None:
     for r in result["rows"]:
         rate = f"{r['acceptance_rate']:8.2f}" if r["acceptance_rate"] is not None else f"{'-':>8}"
         print(f"{r['workload']:>8} {r['method']:>10} {r['k']:>2} {r['mean_accepted_length']:7.2f} {rate} "
-              f"{r['speedup']:6.2f}x" + ("" if r["equal"] else "  OUTPUT DIFFERS"))
+              f"{r['speedup']:6.2f}x" + _flag(r))
+
+
+def _flag(row: dict) -> str:
+    if not row["equal"]:
+        return "  OUTPUT DIFFERS"
+    return f"  ({row['near_ties']} output(s) parted at a near tie)" if row.get("near_ties") else ""
 
 
 def main() -> None:

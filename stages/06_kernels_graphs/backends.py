@@ -14,10 +14,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from course.s01_decode_loop.attention import AttentionBackend
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 
+
+@dataclass
+class DecodeGroup:
+    rows: torch.Tensor    # [g] rows of q: single-token decodes of similar length
+    tables: torch.Tensor  # [g, W] their block tables, cut to the widest of them
+    lens: torch.Tensor    # [g] their lengths
+
+
+@dataclass
+class StepPlan:
+    """How an eager step's attention splits, worked out once per step (not once per layer):
+    decode rows sorted by length and attended to in groups (padding each group only to its own
+    longest), prefill chunks one by one."""
+    decodes: list[DecodeGroup]
+    prefills: list[tuple[int, int, int, int]]  # (sequence, first row, end row, total length) per chunk
 
 
 @dataclass
@@ -25,6 +41,7 @@ class KernelMetadata(PagedAttentionMetadata):
     max_query_len: int = 1   # host int: the longest new-token run (the prefill kernel's grid)
     is_decode: bool = False  # every sequence brings exactly one token
     num_splits: int = 1      # split-K partitions of the decode kernel (1 = single pass)
+    plan: StepPlan | None = None  # the torch backend's split of an eager step
 
 
 class KernelBackend(AttentionBackend):
@@ -34,32 +51,96 @@ class KernelBackend(AttentionBackend):
         self.cache = cache
 
     def build_metadata(self, *, positions, cu_seqlens_q, seq_lens, slot_mapping, block_tables,
-                       max_query_len: int, max_seq_len: int) -> KernelMetadata:
+                       max_query_len: int, max_seq_len: int, host_lens=None) -> KernelMetadata:
         """Tensors are views of the runner's persistent buffers; the two ints are host-side
-        facts of the step (never read back from the device)."""
+        facts of the step (never read back from the device). `host_lens`: (query lengths,
+        sequence lengths) as host lists, for a backend that plans an eager step from them."""
         return KernelMetadata(positions=positions, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
                               slot_mapping=slot_mapping, block_tables=block_tables,
                               max_query_len=max_query_len, is_decode=max_query_len == 1)
 
 
 class TorchPagedBackend(KernelBackend):
-    """PyTorch only. Prefill and mixed steps use stage 03's gather (the reference); decode
-    gathers every sequence's whole table at once and masks past its length: more bytes read
-    than needed, but fixed shapes and no host sync, so a CUDA graph can capture it."""
+    """PyTorch only, two paths.
+
+    * Captured decode steps (graph_runner.py builds their metadata, with no host lengths):
+      every sequence's table is gathered at once and masked past its length. More bytes than
+      needed, but fixed shapes and no host sync, so a CUDA graph can capture it.
+    * Eager steps (the runner passes the host lengths): a plan made once per step. Decode rows
+      sorted by length go in groups of `decode_group` (each padded only to its own longest),
+      prefill chunks one by one, both through torch's fused `scaled_dot_product_attention`.
+      On our 2-core CPU, 32 decodes of 100-640 tokens: 13.2 ms per layer gathered at once with
+      einsums, 3.8 ms grouped by 8 with SDPA (`python -m course.s06_kernels_graphs.benchmark`).
+
+    `batched=False`: stage 03's per-sequence reference for every eager step."""
 
     name = "torch"
 
-    def __init__(self, cache: PagedKVCache):
+    def __init__(self, cache: PagedKVCache, batched: bool = True, decode_group: int = 8):
         super().__init__(cache)
         self.reference = PagedAttention(cache)
+        self.batched, self.decode_group = batched, decode_group
+
+    def build_metadata(self, *, host_lens=None, **kw) -> KernelMetadata:
+        meta = super().build_metadata(**kw)
+        if self.batched and (host_lens or not meta.is_decode):
+            query_lens, lens = host_lens or (meta.query_lens.tolist(), meta.seq_lens.tolist())  # else: one sync
+            meta.plan = self.plan_step(meta, query_lens, lens)
+        return meta
+
+    def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> StepPlan:
+        bs, device = self.cache.block_size, meta.seq_lens.device
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        decodes = sorted((b for b, n in enumerate(query_lens) if n == 1), key=lambda b: lens[b])
+        groups = []
+        for i in range(0, len(decodes), self.decode_group):
+            seqs = decodes[i:i + self.decode_group]
+            index = torch.tensor(seqs, dtype=torch.long, device=device)
+            width = -(-max(lens[b] for b in seqs) // bs)
+            groups.append(DecodeGroup(rows=torch.tensor([starts[b] for b in seqs], dtype=torch.long, device=device),
+                                      tables=meta.block_tables[index, :width], lens=meta.seq_lens[index]))
+        prefills = [(b, starts[b], starts[b + 1], lens[b]) for b, n in enumerate(query_lens) if n > 1]
+        return StepPlan(groups, prefills)
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
-        if not meta.is_decode:
+        if meta.plan is None and not meta.is_decode:
             return self.reference.forward(layer, q, k, v, meta)
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, bs, Hkv, D]
         k_pool.view(-1, *k.shape[1:])[meta.slot_mapping] = k
         v_pool.view(-1, *v.shape[1:])[meta.slot_mapping] = v
-        return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens)
+        if meta.plan is None:  # a captured decode step
+            return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens)
+        out, bs = torch.empty_like(q), self.cache.block_size
+        for g in meta.plan.decodes:
+            out[g.rows] = decode_attention_sdpa(q[g.rows], k_pool, v_pool, g.tables, g.lens)
+        for b, start, end, total in meta.plan.prefills:
+            blocks = meta.block_tables[b, : -(-total // bs)]
+            k_seq, v_seq = k_pool[blocks].flatten(0, 1)[:total], v_pool[blocks].flatten(0, 1)[:total]
+            out[start:end] = causal_attention_sdpa(q[start:end], k_seq, v_seq, q_start=total - (end - start))
+        return out
+
+
+def decode_attention_sdpa(q, k_pool, v_pool, block_tables, seq_lens):
+    """decode_attention_gather's math through torch's fused SDPA (grouped query heads
+    included): q [B, H, D] -> [B, H, D]."""
+    keys = k_pool[block_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, W*bs, D]
+    values = v_pool[block_tables].flatten(1, 2).transpose(1, 2)
+    valid = torch.arange(keys.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=valid[:, None, None, :],
+                                         enable_gqa=True)
+    return out[:, :, 0]
+
+
+def causal_attention_sdpa(q, k, v, q_start: int):
+    """Stage 01's causal_attention through torch's fused SDPA: q [Tq, H, D] at positions
+    q_start.., k/v [Tk, Hkv, D] at 0..Tk-1."""
+    tq, tk = q.shape[0], k.shape[0]
+    allowed = torch.arange(tk, device=q.device)[None, :] <= torch.arange(q_start, q_start + tq, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=allowed, enable_gqa=True)
+    return out.transpose(0, 1)
 
 
 def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):

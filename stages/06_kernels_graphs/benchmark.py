@@ -7,6 +7,7 @@
      stage 04       stage 03's PagedAttention, metadata built from fresh tensors each step
      runner         this stage's ModelRunner (persistent buffers), PyTorch backend
      runner+fused   ... plus merged QKV/gate-up weights and fused norm/RoPE
+     +split         ... with every linear as one bmm over row blocks (split_linear.py; CPU)
      graphs         ... replayed from a captured CUDA graph (CPU: the eager stand-in, which
                     only checks capturability and adds its guard's overhead)
      triton ...     the same with the Triton kernels (CUDA only: the interpreter is a checker)
@@ -36,6 +37,7 @@ from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from .backends import make_backend
 from .engine import KernelEngineConfig, LLMEngine
 from .fused_model import FusedCausalLM
+from .split_linear import split_linears
 from .graph_runner import GraphRunner
 from .model_runner import ModelRunner
 from .roofline import copy_bandwidth, decode_cost, timed
@@ -71,8 +73,10 @@ def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
         ids = torch.tensor(token_ids, device=model.device)
         return model.compute_logits(model(ids, ref, meta))
 
-    def runner(backend: str, fused: bool, graphs: bool):
+    def runner(backend: str, fused: bool, graphs: bool, splits: int = 1):
         m = FusedCausalLM(model, ops=backend) if fused else model
+        if splits > 1:
+            split_linears(m, splits)
         attn = make_backend(backend, cache)
         g = GraphRunner(m, attn, max_batch=batch, max_seq_len=context, dummy_block=dummy) if graphs else None
         r = ModelRunner(m, attn, max_num_tokens=batch, max_num_seqs=batch, max_blocks_per_seq=blocks_per_seq,
@@ -81,6 +85,8 @@ def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
 
     variants = {"stage 04": stage04, "runner": runner("torch", False, False),
                 "runner+fused": runner("torch", True, False), "graphs+fused": runner("torch", True, True)}
+    if not on_gpu and torch.get_num_threads() > 1:
+        variants["runner+fused+split"] = runner("torch", True, False, torch.get_num_threads())
     if on_gpu:
         variants |= {"triton": runner("triton", False, False), "triton+fused": runner("triton", True, False),
                      "triton+fused+graphs": runner("triton", True, True)}
@@ -136,7 +142,8 @@ def end_to_end(model, tok, device, prompts: int, new_tokens: int, best: KernelEn
 
 
 def describe(c: KernelEngineConfig) -> str:
-    return "+".join([c.attention_backend] + ["fused"] * c.fused + ["graphs"] * c.cuda_graphs)
+    return "+".join([c.attention_backend] + ["fused"] * c.fused + [f"split{c.linear_splits}"] * (c.linear_splits > 1)
+                    + ["graphs"] * c.cuda_graphs)
 
 
 def hf_generate(model, work, new_tokens):
@@ -178,6 +185,7 @@ def main(argv=None):
     decode = decode_table(model, batches, args.context, device)
     best = KernelEngineConfig(num_blocks=args.prompts * 16 + 8, block_size=BLOCK, max_num_seqs=args.prompts,
                               max_num_batched_tokens=1024, fused=True, cuda_graphs=device.type == "cuda",
+                              linear_splits=1 if device.type == "cuda" else torch.get_num_threads(),
                               attention_backend="triton" if device.type == "cuda" else "torch")
     e2e = end_to_end(model, tok, device, args.prompts, args.new_tokens, best)
     if device.type != "cuda":

@@ -18,6 +18,7 @@ from .backends import make_backend
 from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
 from .model_runner import ModelRunner
+from .split_linear import split_linears
 
 
 @dataclass
@@ -28,6 +29,13 @@ class KernelEngineConfig(EngineConfig):
     graph_max_seq_len: int = 2048        # decode steps with a longer sequence run eagerly
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
+    linear_splits: int = 1               # CPU: each fused model's linear as a bmm over this many row blocks
+                                         # (split_linear.py; 1 = torch's linear, which decodes on one thread)
+
+    def __post_init__(self):
+        if self.linear_splits > 1 and not self.fused:
+            raise ValueError("linear_splits needs fused=True: the split layers belong to the fused copy, "
+                             "never to the model you passed in")
 
 
 class LLMEngine(BatchingEngine):
@@ -37,6 +45,8 @@ class LLMEngine(BatchingEngine):
         config = config or KernelEngineConfig()
         if config.fused:  # same weights, fewer kernels; the ops follow the attention backend
             model = FusedCausalLM(model, ops=config.attention_backend)
+            if config.linear_splits > 1:
+                split_linears(model, config.linear_splits)
         super().__init__(model, tokenizer, config, eos_token_ids, **kw)
         options = {"num_splits": config.num_splits} if config.attention_backend == "triton" else {}
         self.attn = make_backend(config.attention_backend, self.cache, **options)

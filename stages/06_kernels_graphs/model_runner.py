@@ -87,5 +87,6 @@ class ModelRunner:
             seq_lens=upload(self.seq_lens, [c + n for c, n, _ in seqs]),
             slot_mapping=upload(self.slot_mapping, slots),
             block_tables=upload(self.block_tables, tables).view(len(seqs), width),
-            max_query_len=max(n for _, n, _ in seqs), max_seq_len=max(c + n for c, n, _ in seqs))
+            max_query_len=max(n for _, n, _ in seqs), max_seq_len=max(c + n for c, n, _ in seqs),
+            host_lens=([n for _, n, _ in seqs], [c + n for c, n, _ in seqs]))
         return upload(self.input_ids, token_ids), meta

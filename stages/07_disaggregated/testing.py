@@ -5,6 +5,9 @@ They live in the package (not in tests/) because a spawned process must import i
 """
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import time
 
 import httpx
@@ -135,3 +138,28 @@ def settled(worker, timeout_s: float = 30.0) -> dict:
         if not (s["held"] or s["loading"] or s["running"] or s["waiting"]) or time.monotonic() > deadline:
             return s
         time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Is this process still running (a zombie has exited: it only waits to be reaped)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def stop_front_and_workers(proc, worker_pids, sig=signal.SIGINT, timeout_s: float = 30.0) -> None:
+    """Teardown of a `serve` process that started workers, on failure too: the front first
+    (it stops its workers), killed if it lingers, then any worker still alive.
+    `worker_pids`: a callable, read after the front has gone (its log names them)."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid in worker_pids():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)

@@ -172,3 +172,20 @@ def test_tree_speculation_refuses_logits_processors(byte_tok):
                    byte_tok, [byte_tok.eos_token_id])
     with pytest.raises(ValueError, match="logits processors"):
         list(stream_tree_speculative(tiny_model("gqa_tied"), seq, drafter=None))
+
+
+def test_benchmark_tells_a_near_tie_from_a_real_difference():
+    """The benchmark's equality check: a flip between two tokens whose reference logits are
+    within the tolerance is a near tie (rounding), anything else differs."""
+    from course.s01_decode_loop.generate import next_token_logits
+    from course.s05_speculative.benchmark import compare
+
+    model, prompt = tiny_model("gqa_tied"), [5, 9, 2, 7]
+    want = [int(next_token_logits(model, prompt).argmax())]
+    logits = next_token_logits(model, prompt)
+    runner_up = int(logits.topk(2).indices[1])
+    gap = float(logits[want[0]] - logits[runner_up])
+    assert compare(model, prompt, want, want) == "equal"
+    assert compare(model, prompt, want, [runner_up]) == "differs"  # the tiny model's gap is wide
+    assert compare(model, prompt, want, [runner_up], tol=gap * 1.01) == "near tie"
+    assert compare(model, prompt, want, want + [3]) == "differs"  # not a token flip: a length change

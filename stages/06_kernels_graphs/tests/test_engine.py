@@ -38,11 +38,11 @@ GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
 
 @pytest.mark.parametrize("pool", sorted(POOLS))
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused"])
-def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs, fused):
+@pytest.mark.parametrize("fused, splits", [(False, 1), (True, 1), (True, 2)], ids=["unfused", "fused", "fused-split"])
+def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs, fused, splits):
     _, model = tiny
     want = stage04(model, byte_tok, GREEDY, pool)
-    got, engine = stage06(model, byte_tok, GREEDY, pool, cuda_graphs=graphs, fused=fused)
+    got, engine = stage06(model, byte_tok, GREEDY, pool, cuda_graphs=graphs, fused=fused, linear_splits=splits)
     assert got == want
     assert (engine.graphed_steps > 0) == graphs
     if pool == "tight":

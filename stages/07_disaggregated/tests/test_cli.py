@@ -1,6 +1,5 @@
 """`python -m course.s07_disaggregated serve`: the whole topology from one command."""
 import json
-import os
 import re
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from course.s01_decode_loop.weights import load_model
 from course.s04_continuous_batching.engine import LLMEngine
 from course.s07_disaggregated.cli import parse_args
 from course.s07_disaggregated.launcher import free_port
+from course.s07_disaggregated.testing import alive, stop_front_and_workers
 
 PROMPTS = ["first prompt", "second, longer prompt than the first one", "x"]
 
@@ -47,14 +47,6 @@ def up(url: str) -> bool:
     try:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
-        return False
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
         return False
 
 
@@ -94,15 +86,6 @@ def test_cli_serve_replicas_route_by_prefix_until_ctrl_c(untied_folder, tmp_path
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=60) == 0, log.read_text()
     finally:  # on failure too: the front first (it stops its workers), then any worker left
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for pid in [int(p) for p in re.findall(r"\(pid (\d+)\)", log.read_text())]:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        stop_front_and_workers(proc, lambda: [int(p) for p in re.findall(r"\(pid (\d+)\)", log.read_text())])
     pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", log.read_text())]
     assert len(pids) == 2 and not any(alive(p) for p in pids), log.read_text()

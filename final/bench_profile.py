@@ -1,0 +1,206 @@
+"""Where a step's time goes: a wall-clock breakdown of `Engine.step()` per phase.
+
+    python -m course.final.bench_profile                       # both workloads, the server's defaults
+    python -m course.final.bench_profile --workload single --torch-profiler   # + torch's top ops
+    python -m course.final.bench_profile --fused --json out.json
+
+Workloads (the default model, greedy, EOS ignored, as issue 19's peer table measures):
+  single     one chat request, 128 new tokens: the single-stream decode step
+  saturated  40 ShareGPT requests at once (answers capped at 128 tokens): the serving step
+
+Phases, timed by wrapping the functions that do them (on the CPU every op is synchronous, so
+a wall clock around a call is the call's cost):
+  schedule     the scheduler's pick of (request, tokens) pairs
+  prepare      host lists -> the runner's persistent buffers and the backend's metadata
+  linear       every nn.Linear of the decoder (the GEMVs / GEMMs: the part bounded by the machine)
+  attention    the attention backend (KV write + attention), all layers
+  other fwd    the rest of the forward: embedding, norms, RoPE, SiLU, residual adds
+  lm_head      logits of the sampling rows
+  sample       the batched sampler
+  postprocess  the rest of the step: commits to the block manager, appends, detokenizing, finishing
+
+`step within N x its GEMVs` (issue 19's first goal) is step time / linear time.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.weights import load_model
+from course.s01_decode_loop.workloads import sample_requests
+from course.s06_kernels_graphs.engine import KernelEngineConfig
+from course.s06_kernels_graphs.split_linear import SplitLinear
+
+from .engine import Engine
+
+PHASES = ("schedule", "prepare", "linear", "attention", "other fwd", "lm_head", "sample", "postprocess")
+SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+class PhaseClock:
+    """Accumulates seconds per phase. `wrap(obj, name, phase)` times every call of obj.name;
+    nested phases are subtracted from their parent at report time (see `breakdown`)."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+        self.calls = defaultdict(int)
+
+    @contextmanager
+    def phase(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - t
+            self.calls[name] += 1
+
+    def wrap(self, obj, attr: str, name: str) -> None:
+        inner = getattr(obj, attr)
+
+        def timed(*args, **kwargs):
+            with self.phase(name):
+                return inner(*args, **kwargs)
+
+        setattr(obj, attr, timed)
+
+
+def instrument(engine: Engine, clock: PhaseClock) -> None:
+    """Wrap the engine's parts with the clock (instance attributes shadow the methods)."""
+    import course.s04_continuous_batching.engine as batching
+
+    clock.wrap(engine.scheduler, "schedule", "schedule")
+    clock.wrap(engine.runner, "prepare", "prepare")
+    clock.wrap(engine.runner.backend, "forward", "attention")
+    model = engine.runner.model
+    clock.wrap(model, "forward", "forward")
+    clock.wrap(model, "compute_logits", "lm_head")
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, SplitLinear)) and module is not getattr(model, "lm_head", None):
+            clock.wrap(module, "forward", "linear")
+    clock.wrap(engine, "step", "step")
+    original = batching.sample_batch
+
+    def timed_sample(*args, **kwargs):
+        with clock.phase("sample"):
+            return original(*args, **kwargs)
+
+    batching.sample_batch = timed_sample  # the name _postprocess calls
+
+
+def breakdown(clock: PhaseClock) -> dict[str, float]:
+    """Seconds per phase, exclusive: the forward minus what ran inside it, the step minus all."""
+    s = clock.seconds
+    out = {"schedule": s["schedule"], "prepare": s["prepare"], "linear": s["linear"],
+           "attention": s["attention"], "other fwd": s["forward"] - s["linear"] - s["attention"],
+           "lm_head": s["lm_head"], "sample": s["sample"]}
+    out["postprocess"] = s["step"] - sum(out.values())
+    return out
+
+
+def build_engine(loaded, args) -> Engine:
+    config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
+                                attention_backend="torch", fused=args.fused or args.linear_splits > 1,
+                                linear_splits=args.linear_splits)
+    return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
+
+
+def workload(loaded, name: str) -> list[tuple[list[int], SamplingParams]]:
+    tok = loaded.tokenizer
+    if name == "single":
+        return [(encode_prompt(tok, SINGLE_PROMPT, chat=True),
+                 SamplingParams(max_new_tokens=128, temperature=0, ignore_eos=True))]
+    reqs = sample_requests(tok, 40, seed=0, max_prompt_tokens=512, max_output_tokens=128)
+    return [(encode_prompt(tok, r.prompt, chat=True), SamplingParams(max_new_tokens=r.output_len, temperature=0,
+                                                                     ignore_eos=True)) for r in reqs]
+
+
+def profile(loaded, args, name: str) -> dict:
+    engine = build_engine(loaded, args)
+    engine.generate([encode_prompt(loaded.tokenizer, "Hi", chat=True)], SamplingParams(max_new_tokens=4, temperature=0))
+    clock = PhaseClock()
+    instrument(engine, clock)
+    work = workload(loaded, name)
+    for prompt, params in work:
+        engine.add_request(prompt, params)
+    steps, t = 0, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    wall = time.perf_counter() - t
+    phases = breakdown(clock)
+    prompt_tokens = sum(len(p) for p, _ in work)
+    output_tokens = sum(p.max_new_tokens for _, p in work)
+    return {"workload": name, "requests": len(work), "steps": steps, "seconds": wall,
+            "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
+            "output_tok_s": output_tokens / wall, "total_tok_s": (prompt_tokens + output_tokens) / wall,
+            "ms_per_step": 1e3 * wall / steps, "phases_s": phases,
+            "step_over_linear": clock.seconds["step"] / phases["linear"]}
+
+
+def torch_profile(loaded, args, name: str, top: int) -> str:
+    """torch.profiler's table of the ops that took the most self CPU time over the workload."""
+    from torch.profiler import ProfilerActivity, profile as torch_profiler
+
+    engine = build_engine(loaded, args)
+    for prompt, params in workload(loaded, name):
+        engine.add_request(prompt, params)
+    with torch_profiler(activities=[ProfilerActivity.CPU]) as prof:
+        while engine.has_unfinished():
+            engine.step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
+
+
+def print_result(r: dict) -> None:
+    print(f"\n{r['workload']}: {r['requests']} requests, {r['steps']} steps, {r['seconds']:.1f} s, "
+          f"{r['ms_per_step']:.1f} ms/step, {r['output_tok_s']:.1f} output tok/s, "
+          f"{r['total_tok_s']:.1f} prompt+output tok/s; step = {r['step_over_linear']:.2f} x its linears")
+    total = sum(r["phases_s"].values())
+    for phase in PHASES:
+        s = r["phases_s"][phase]
+        print(f"  {phase:>12} {1e3 * s / r['steps']:8.2f} ms/step {100 * s / total:5.1f}%")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m course.final.bench_profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
+    p.add_argument("--fused", action="store_true", help="stage 06's merged projections and fused ops")
+    p.add_argument("--linear-splits", type=int, default=1, help="stage 06's split linears (implies --fused)")
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=int, default=256)
+    p.add_argument("--kv-blocks", type=int, default=512)
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--torch-profiler", action="store_true", help="also print torch.profiler's top ops")
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--json", help="write the breakdowns here")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model()
+    names = ["single", "saturated"] if args.workload == "both" else [args.workload]
+    results = []
+    for name in names:
+        results.append(profile(loaded, args, name))
+        print_result(results[-1])
+        if args.torch_profiler:
+            print(torch_profile(loaded, args, name, args.top))
+    if args.json:
+        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                                          f"{torch.get_num_threads()} threads, float32",
+                               "fused": args.fused, "linear_splits": args.linear_splits, "max_num_seqs": args.max_num_seqs,
+                               "max_num_batched_tokens": args.max_num_batched_tokens, "results": results})
+
+
+if __name__ == "__main__":
+    main()
