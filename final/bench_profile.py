@@ -39,6 +39,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
+from course.s06_kernels_graphs.int8_linear import Int8Linear
 from course.s06_kernels_graphs.split_linear import SplitLinear
 
 from .engine import Engine
@@ -85,7 +86,7 @@ def instrument(engine: Engine, clock: PhaseClock) -> None:
     clock.wrap(model, "forward", "forward")
     clock.wrap(model, "compute_logits", "lm_head")
     for module in model.modules():
-        if isinstance(module, (nn.Linear, SplitLinear)) and module is not getattr(model, "lm_head", None):
+        if isinstance(module, (nn.Linear, SplitLinear, Int8Linear)) and module is not getattr(model, "lm_head", None):
             clock.wrap(module, "forward", "linear")
     clock.wrap(engine, "step", "step")
     original = batching.sample_batch
@@ -110,8 +111,9 @@ def breakdown(clock: PhaseClock) -> dict[str, float]:
 def build_engine(loaded, args) -> Engine:
     config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
-                                attention_backend="torch", fused=args.fused or args.linear_splits > 1,
-                                linear_splits=args.linear_splits)
+                                attention_backend="torch",
+                                fused=args.fused or args.linear_splits > 1 or bool(getattr(args, "quantization", None)),
+                                linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
 
 
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
     p.add_argument("--fused", action="store_true", help="stage 06's merged projections and fused ops")
     p.add_argument("--linear-splits", type=int, default=1, help="stage 06's split linears (implies --fused)")
+    p.add_argument("--quantization", choices=["int8"], help="stage 06's int8 weight-only linears (implies --fused)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--kv-blocks", type=int, default=512)
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model()
+    loaded = load_model(dtype=getattr(torch, args.dtype))
     names = ["single", "saturated"] if args.workload == "both" else [args.workload]
     results = []
     for name in names:
@@ -197,8 +201,9 @@ def main(argv: list[str] | None = None) -> None:
             print(torch_profile(loaded, args, name, args.top))
     if args.json:
         write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                                          f"{torch.get_num_threads()} threads, float32",
-                               "fused": args.fused, "linear_splits": args.linear_splits, "max_num_seqs": args.max_num_seqs,
+                                          f"{torch.get_num_threads()} threads",
+                               "fused": args.fused, "linear_splits": args.linear_splits,
+                               "quantization": args.quantization, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                                "max_num_batched_tokens": args.max_num_batched_tokens, "results": results})
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+import torch
+
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.workloads import arrival_times, sample_requests
 from course.s04_continuous_batching.engine import EngineConfig
@@ -49,7 +51,9 @@ def real_runs(loaded, n: int, load_: float, seed: int, max_output_tokens: int = 
     out = {"requests": n, "load": load_, "rate": load_ * capacity, "max_output_tokens": max_output_tokens,
            "policies": {}}
     for policy in POLICIES:
-        engine = Engine(loaded.model, tok, KernelEngineConfig(**SIZES), loaded.eos_token_ids,
+        splits = torch.get_num_threads()  # the server's CPU defaults: fused, linears split over the threads
+        engine = Engine(loaded.model, tok, KernelEngineConfig(**SIZES, fused=splits > 1, linear_splits=splits),
+                        loaded.eos_token_ids,
                         policy=make_policy(policy, cost))
         # an engine's first steps allocate its buffers (seconds on this CPU): not part of the trace
         engine.generate([ids[0][:16]], SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True))

@@ -20,6 +20,7 @@ from .metrics import ServerMetrics
 from .remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
+from .torch_threads import off_the_main_thread
 
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -56,10 +57,13 @@ def kernel_options(args: argparse.Namespace) -> dict:
     backend = args.attention_backend or ("triton" if cuda else "torch")
     graphs = cuda if args.cuda_graphs is None else args.cuda_graphs
     splits = args.linear_splits if args.linear_splits is not None else (1 if cuda else torch.get_num_threads())
-    fused = args.fused if args.fused is not None else (cuda or splits > 1)
-    if splits > 1 and not fused:
-        raise ValueError("--linear-splits needs the fused model: drop --no-fused")
-    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits}
+    quantization = getattr(args, "quantization", None)
+    fused = args.fused if args.fused is not None else (cuda or splits > 1 or quantization is not None)
+    if (splits > 1 or quantization) and not fused:
+        raise ValueError(f"{'--quantization' if quantization else '--linear-splits'} needs the fused model: "
+                         "drop --no-fused")
+    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
+            "quantization": quantization}
 
 
 def build_server(args: argparse.Namespace):
@@ -68,16 +72,21 @@ def build_server(args: argparse.Namespace):
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
-    loaded = load_model(args.model, dtype=dtype, device=args.device)
-    blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
-    config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
-                                max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
-                                record_steps=False, **kernel_options(args))
-    name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    options = kernel_options(args)
     speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
-    engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy),
-                         ServerMetrics(name))
+
+    def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
+        loaded = load_model(args.model, dtype=dtype, device=args.device)
+        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
+        config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+                                    max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
+                                    record_steps=False, **options)
+        return loaded, Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+
+    loaded, llm = off_the_main_thread(load_engine)
+    name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
+    engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
     return engine, build_app(engine, loaded.tokenizer, name, limits)
 
@@ -105,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="replay decode steps from captured graphs (default: on with CUDA)")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
                    help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on)")
+    k.add_argument("--quantization", choices=["int8"],
+                   help="int8 weight-only linears (stage 06's int8_linear.py): faster decode, outputs close to "
+                        "but not equal to float32's (default: none)")
     k.add_argument("--linear-splits", type=int,
                    help="each linear as a bmm over this many row blocks (default: torch's thread count on "
                         "the CPU, 1 on CUDA; 1 = torch's linear)")

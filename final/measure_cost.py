@@ -13,6 +13,7 @@ import random
 import time
 
 import numpy as np
+import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
@@ -28,8 +29,10 @@ MIXED = {(4, 64): (64, 256), (16, 64): (64, 256), (8, 512): (128,)}  # (seqs, co
 
 def measure_points(model_name: str | None = None, repeats: int = 3, seed: int = 0) -> list[dict]:
     loaded = load_model(model_name)
+    splits = torch.get_num_threads()  # the server's CPU defaults: the fused model, linears split over the threads
     engine = Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(
-        num_blocks=1100, block_size=16, max_num_seqs=64, max_num_batched_tokens=512), loaded.eos_token_ids)
+        num_blocks=1100, block_size=16, max_num_seqs=64, max_num_batched_tokens=512, fused=splits > 1,
+        linear_splits=splits), loaded.eos_token_ids)
     vocab = loaded.model.config.vocab_size
     rounds = [sweep(engine, vocab, random.Random(seed + r)) for r in range(repeats)]
     return [min(same, key=lambda p: p["seconds"]) for same in zip(*rounds)]
@@ -79,6 +82,6 @@ def fit(points: list[dict]) -> tuple[LinearCostModel, list[float]]:
     y = np.array([p["seconds"] for p in points])
     coef, *_ = np.linalg.lstsq(x / y[:, None], np.ones_like(y), rcond=None)
     model = LinearCostModel(*map(float, coef), source="measured: SmolLM2-135M-Instruct fp32, final/'s Engine "
-                            "(stage 06 runner, torch backend), 2-core x86_64 CPU")
+                            "(stage 06 runner, torch backend, fused, linears split over the threads), 2-core x86_64 CPU")
     errors = [model.step_time(p["tokens"], p["seqs"], p["kv_tokens"]) / p["seconds"] - 1 for p in points]
     return model, errors

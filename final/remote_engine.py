@@ -255,7 +255,7 @@ class RemoteEngine:
 
 # ---- `python -m course.final serve --disaggregated` ------------------------------------------------
 # The local engine's options the workers do not take: refused with --disaggregated, never ignored.
-LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "attention_backend", "cuda_graphs", "fused", "linear_splits",
+LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "attention_backend", "cuda_graphs", "fused", "linear_splits", "quantization",
               "speculative_method",
               "num_speculative_tokens", "speculative_disable_by_batch_size", "scheduling_policy", "cost_model",
               "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation"]

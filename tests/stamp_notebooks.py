@@ -17,6 +17,8 @@ tests/test_notebook_freshness.py recomputes both and fails when they differ from
     python -m tests.stamp_notebooks                     # every stage notebook, one at a time
     python -m tests.stamp_notebooks stages/03_paged/paged.ipynb
     python -m tests.stamp_notebooks --full PATH         # without COURSE_QUICK=1 (the full sweeps)
+    python -m tests.stamp_notebooks --full --write-results PATH   # ... and rewrite the results file
+                                                                  # its README quotes (else left as committed)
 
 The command executes the notebook top to bottom first, headless, exactly as
 tests/test_notebooks.py does (quick mode by default: COURSE_QUICK=1, MPLBACKEND=Agg; it also
@@ -228,8 +230,10 @@ def problems(nb, root: Path = ROOT) -> list[str]:
     return found
 
 
-def execute(path: Path, quick: bool = True, timeout: int = 900):
-    """Run the notebook top to bottom as tests/test_notebooks.py does; returns the executed notebook."""
+def execute(path: Path, quick: bool = True, timeout: int = 900, write_results: bool = False):
+    """Run the notebook top to bottom as tests/test_notebooks.py does; returns the executed notebook.
+    A notebook rewrites the results file its README quotes only with write_results
+    (COURSE_WRITE_RESULTS=1): a full run alone never overwrites committed figures."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -239,6 +243,10 @@ def execute(path: Path, quick: bool = True, timeout: int = 900):
         os.environ["COURSE_QUICK"] = "1"  # fewer tokens, smaller sweeps; the kernel inherits it
     else:
         os.environ.pop("COURSE_QUICK", None)
+    if write_results:
+        os.environ["COURSE_WRITE_RESULTS"] = "1"
+    else:
+        os.environ.pop("COURSE_WRITE_RESULTS", None)
     nb = nbformat.read(path, as_version=4)
     before = fingerprint(nb)
     NotebookClient(nb, timeout=timeout, kernel_name="python3",
@@ -259,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="*", type=Path, help="notebooks (default: every stage notebook)")
     p.add_argument("--full", action="store_true", help="run without COURSE_QUICK=1 (the full sweeps)")
     p.add_argument("--check", action="store_true", help="only report which notebooks are stale; execute nothing")
+    p.add_argument("--write-results", action="store_true",
+                   help="let full runs rewrite the results files the READMEs quote (COURSE_WRITE_RESULTS=1)")
     args = p.parse_args(argv)
     paths = [path.resolve() for path in args.paths] or notebooks()
     if args.check:
@@ -271,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"executing {path.relative_to(ROOT)} ({'full' if args.full else 'quick'} mode) ...", flush=True)
         start = time.perf_counter()
-        nb = execute(path, quick=not args.full)
+        nb = execute(path, quick=not args.full, write_results=args.write_results)
         seconds = time.perf_counter() - start
         stamp(nb, quick=not args.full)
         nb["metadata"][KEY]["seconds"] = round(seconds, 1)

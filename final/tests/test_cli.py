@@ -63,6 +63,7 @@ def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
     (["--model", "{tiny}", "--kv-memory", "16"], "holds no block"),
     (["--model", "{tiny}", "--speculative-method", "eagle"], "cannot load the EAGLE head"),
     (["--model", "{tiny}", "--speculative-method", "lookup", "--num-speculative-tokens", "0"], "at least 1"),
+    (["--model", "{tiny}", "--quantization", "int8", "--no-fused"], "needs the fused model"),
 ])
 def test_cli_bad_arguments_exit_2_with_a_message(tiny_folder, tmp_path, capsys, args, message):
     args = [a.format(tmp=tmp_path, tiny=tiny_folder) for a in args]
@@ -70,14 +71,25 @@ def test_cli_bad_arguments_exit_2_with_a_message(tiny_folder, tmp_path, capsys, 
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_cli_serves_the_default_model_with_no_arguments(smollm2):
-    """The README's first command: no flags, the default model, an answer a person can check."""
-    proc, url = start()
+def ask_for_the_capital_of_france(*flags: str) -> str:
+    proc, url = start(*flags)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         out = client.chat.completions.create(model="SmolLM2-135M-Instruct", max_tokens=12, temperature=0,
                                              messages=[{"role": "user", "content": "What is the capital of France?"}])
-        assert "Paris" in out.choices[0].message.content
+        return out.choices[0].message.content
     finally:
         assert stop(proc) == 0
+
+
+@pytest.mark.slow
+def test_cli_serves_the_default_model_with_no_arguments(smollm2):
+    """The README's first command: no flags, the default model, an answer a person can check."""
+    assert "Paris" in ask_for_the_capital_of_france()
+
+
+@pytest.mark.slow
+def test_cli_serves_the_default_model_with_int8_weights(smollm2):
+    """`--quantization int8`: the same question, still the right answer (outputs are close to
+    float32's, not equal, so the check is the answer a person would check)."""
+    assert "Paris" in ask_for_the_capital_of_france("--quantization", "int8")

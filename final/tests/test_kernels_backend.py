@@ -42,15 +42,18 @@ def test_server_answers_are_the_same_with_every_kernel_setting(byte_tok):
     ("cuda", 2, {}, {"attention_backend": "triton", "cuda_graphs": True, "fused": True, "linear_splits": 1}),
     ("cuda", 2, {"cuda_graphs": False, "attention_backend": "torch"},
      {"attention_backend": "torch", "cuda_graphs": False, "fused": True, "linear_splits": 1}),
+    ("cpu", 1, {"quantization": "int8"}, {"attention_backend": "torch", "cuda_graphs": False, "fused": True,
+                                          "linear_splits": 1, "quantization": "int8"}),
     ("cpu", 2, {"fused": True, "cuda_graphs": True},
      {"attention_backend": "torch", "cuda_graphs": True, "fused": True, "linear_splits": 2}),
 ])
 def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, monkeypatch):
     monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: threads)
-    args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None, linear_splits=None)
+    args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None, linear_splits=None,
+                              quantization=None)
     for key, value in flags.items():
         setattr(args, key, value)
-    assert kernel_options(args) == want
+    assert kernel_options(args) == {"quantization": None} | want
 
 
 def test_cli_refuses_split_linears_without_the_fused_model(monkeypatch):

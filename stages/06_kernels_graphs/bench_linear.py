@@ -14,8 +14,9 @@ lm_head), random weights of the real shapes, `rows` activation rows (1 = one dec
                   (torch._weight_int8pack_mm, the kernel torch's own int8 CPU path uses)
 
 Reported: ms per forward, effective GB/s of weights read, and the ratio to `linear`. The
-precision rows are measurements only: the engine runs float32 unless `--dtype` says otherwise,
-and the int8 path is not wired into the engine (see the README's "left out").
+engine runs float32 unless asked: `--dtype bfloat16`, or int8 weights with `--quantization int8`
+(int8_linear.py, which uses the int8 kernel for few rows only; final/bench_precision.py measures
+speed and quality).
 """
 from __future__ import annotations
 

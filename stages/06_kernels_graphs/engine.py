@@ -17,6 +17,7 @@ from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from .backends import make_backend
 from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
+from .int8_linear import quantize_linears
 from .model_runner import ModelRunner
 from .split_linear import split_linears
 
@@ -32,10 +33,15 @@ class KernelEngineConfig(EngineConfig):
     linear_splits: int = 1               # CPU: each fused model's linear as a bmm over this many row blocks
                                          # (split_linear.py; 1 = torch's linear, which decodes on one thread)
 
+    quantization: str | None = None      # "int8": int8 weight-only linears (int8_linear.py); None: the model's dtype
+
     def __post_init__(self):
-        if self.linear_splits > 1 and not self.fused:
-            raise ValueError("linear_splits needs fused=True: the split layers belong to the fused copy, "
-                             "never to the model you passed in")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose int8 or leave it unset")
+        for option, on in (("linear_splits", self.linear_splits > 1), ("quantization", self.quantization)):
+            if on and not self.fused:
+                raise ValueError(f"{option} needs fused=True: the changed layers belong to the fused copy, "
+                                 "never to the model you passed in")
 
 
 class LLMEngine(BatchingEngine):
@@ -45,7 +51,9 @@ class LLMEngine(BatchingEngine):
         config = config or KernelEngineConfig()
         if config.fused:  # same weights, fewer kernels; the ops follow the attention backend
             model = FusedCausalLM(model, ops=config.attention_backend)
-            if config.linear_splits > 1:
+            if config.quantization == "int8":
+                quantize_linears(model, parts=config.linear_splits)
+            elif config.linear_splits > 1:
                 split_linears(model, config.linear_splits)
         super().__init__(model, tokenizer, config, eos_token_ids, **kw)
         options = {"num_splits": config.num_splits} if config.attention_backend == "triton" else {}

@@ -126,9 +126,9 @@ class FusedCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     @property
-    def device(self):
-        return self.lm_head.weight.device
+    def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight
+        return self.embed_tokens.weight.device
 
     @property
     def dtype(self):
-        return self.lm_head.weight.dtype
+        return self.embed_tokens.weight.dtype

@@ -1,0 +1,100 @@
+"""Lower precision on the CPU: speed and quality against float32, side by side in one run.
+
+    python -m course.final.bench_precision [--json out.json]
+
+Variants (the engine as the server runs it: fused, linears split over the threads):
+  float32         the default
+  bfloat16        the whole model in bf16 (`serve --dtype bfloat16`)
+  int8 weights    int8 weight-only linears, float32 elsewhere (`serve --quantization int8`)
+
+Speed: bench_profile's two workloads in process (single stream: 128 tokens; saturated: 40
+ShareGPT requests at once), output tok/s. Quality against float32 (stage 06's precision.py):
+teacher-forced top-1 agreement on float32's greedy answers to 8 held-out ShareGPT prompts
+(64 tokens each), and perplexity of 8 held-out ShareGPT answers (up to 256 tokens each).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+from types import SimpleNamespace
+
+import torch
+
+from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.weights import load_model
+from course.s01_decode_loop.workloads import load_conversations, sample_requests
+
+from .bench_profile import profile
+from .engine import Engine
+
+VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8 weights": ("float32", "int8")}
+
+
+def quality_data(tok, n: int = 8):
+    """Held-out prompts (not the profile's: a different seed) and held-out answer texts."""
+    prompts = [encode_prompt(tok, r.prompt, chat=True)
+               for r in sample_requests(tok, n, seed=7, max_prompt_tokens=256, max_output_tokens=512)]
+    answers = [c[1]["value"] for c in load_conversations(6000)[5000:] if len(c) > 1 and c[1]["from"] == "gpt"
+               and len(c[1]["value"]) > 400][:n]
+    texts = [tok.encode(a, add_special_tokens=False)[:256] for a in answers]
+    return prompts, texts
+
+
+def engine_model(loaded, args, quantization: str | None):
+    """The model exactly as the engine runs it (the fused copy, split or quantized)."""
+    engine = Engine(loaded.model, loaded.tokenizer, config_for(args, quantization), loaded.eos_token_ids,
+                    prefetch_masks=False)
+    return engine.runner.model
+
+
+def config_for(args, quantization):
+    from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+    return KernelEngineConfig(num_blocks=64, fused=True, linear_splits=args.linear_splits, quantization=quantization)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
+
+    p = argparse.ArgumentParser(prog="python -m course.final.bench_precision", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--skip-speed", action="store_true")
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    args.linear_splits = torch.get_num_threads()
+    fp32 = load_model()
+    prompts, texts = quality_data(fp32.tokenizer)
+    reference = engine_model(fp32, args, None)
+    greedy = SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
+    ref_engine = Engine(fp32.model, fp32.tokenizer, config_for(args, None), fp32.eos_token_ids, prefetch_masks=False)
+    answers = [o.token_ids for o in ref_engine.generate(prompts, greedy)]
+    rows = []
+    for name in args.variants:
+        dtype, quantization = VARIANTS[name]
+        loaded = fp32 if dtype == "float32" else load_model(dtype=getattr(torch, dtype))
+        model = engine_model(loaded, args, quantization)
+        row = {"variant": name, "dtype": dtype, "quantization": quantization,
+               "top1_agreement": sum(top1_agreement(reference, model, p, a) for p, a in zip(prompts, answers)) / len(prompts),
+               "perplexity": perplexity(model, texts)}
+        if not args.skip_speed:
+            settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, fused=True,
+                                       linear_splits=args.linear_splits, quantization=quantization)
+            for workload in ("single", "saturated"):
+                r = profile(loaded, settings, workload)
+                row[f"{workload}_output_tok_s"] = r["output_tok_s"]
+                row[f"{workload}_ms_per_step"] = r["ms_per_step"]
+        rows.append(row)
+        print(f"{name:<14} top-1 agreement {row['top1_agreement']:.3f}  perplexity {row['perplexity']:.3f}"
+              + ("" if args.skip_speed else f"  single {row['single_output_tok_s']:.1f} tok/s  "
+                                             f"saturated {row['saturated_output_tok_s']:.1f} tok/s"), flush=True)
+    if args.json:
+        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+                                          f"{torch.get_num_threads()} threads", "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
