@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="*", type=Path, help="notebooks (default: every stage notebook)")
     p.add_argument("--full", action="store_true", help="run without COURSE_QUICK=1 (the full sweeps)")
     p.add_argument("--check", action="store_true", help="only report which notebooks are stale; execute nothing")
+    p.add_argument("--timeout", type=int, default=900, help="seconds one cell may run (stage 05's full sweep "
+                                                            "needs more than 900 at one thread)")
     p.add_argument("--write-results", action="store_true",
                    help="let full runs rewrite the results files the READMEs quote (COURSE_WRITE_RESULTS=1)")
     args = p.parse_args(argv)
@@ -281,17 +283,37 @@ def main(argv: list[str] | None = None) -> int:
     for path in paths:
         print(f"executing {path.relative_to(ROOT)} ({'full' if args.full else 'quick'} mode) ...", flush=True)
         start = time.perf_counter()
-        nb = execute(path, quick=not args.full, write_results=args.write_results)
+        nb = execute(path, quick=not args.full, timeout=args.timeout, write_results=args.write_results)
         seconds = time.perf_counter() - start
         stamp(nb, quick=not args.full)
         nb["metadata"][KEY]["seconds"] = round(seconds, 1)
         note_run_time(nb, seconds, quick=not args.full)
         nbformat.write(nb, path)
+        update_course_map(path)
         print(f"stamped {path.relative_to(ROOT)} ({seconds:.0f} s)", flush=True)
     return 0
 
 
 RUN_NOTE = re.compile(r"\n*\*Saved outputs: .*?\*$", re.S)
+SAVED_RUN = re.compile(r"Saved outputs: (quick|full) mode.*? in (\d+) s")
+
+
+def update_course_map(path: Path) -> None:
+    """Write the notebook's saved run ("93 s (full)") into its stage's row of the root README's
+    course map (the last column), so the map quotes what Run All costs as measured."""
+    import nbformat
+
+    folder = path.parent
+    runs = []
+    for nb_path in sorted(folder.glob("*.ipynb")):
+        top = next(c for c in nbformat.read(nb_path, as_version=4).cells if c.cell_type == "markdown").source
+        found = SAVED_RUN.search(top)
+        if found:
+            runs.append(f"{found.group(2)} s ({found.group(1)})")
+    name = "final/" if folder.name == "final" else folder.name
+    readme = ROOT / "README.md"
+    row = re.compile(rf"^(\| `{re.escape(name)}` \|[^|]*\|[^|]*\|)[^|]*\|$", re.M)
+    readme.write_text(row.sub(lambda m: f"{m.group(1)} {', '.join(runs)} |", readme.read_text(), count=1))
 
 
 def note_run_time(nb, seconds: float, quick: bool) -> None:

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +37,15 @@ def stages_imported(folder: Path) -> set[str]:
     return found
 
 
-def course_map() -> dict[str, tuple[set[str], str]]:
-    """README rows `| `NN_name` or `final/` | imports | notes |` -> (stage numbers, notes)."""
+def course_map_rows() -> list[tuple[str, str, str, str]]:
+    """README rows `| `NN_name` or `final/` | imports | notes | notebook run |`."""
     section = (ROOT / "README.md").read_text().split("## Course map", 1)[1].split("\n## ", 1)[0]
-    rows = re.findall(r"^\| `(\d\d_\w+|final/)` \|([^|]*)\|([^|]*)\|$", section, re.M)
-    return {name: (set(re.findall(r"\b\d\d\b", imports)), notes.strip()) for name, imports, notes in rows}
+    return re.findall(r"^\| `(\d\d_\w+|final/)` \|([^|]*)\|([^|]*)\|([^|]*)\|$", section, re.M)
+
+
+def course_map() -> dict[str, tuple[set[str], str]]:
+    """-> {stage: (stage numbers it imports, notes)}."""
+    return {name: (set(re.findall(r"\b\d\d\b", imports)), notes.strip()) for name, imports, notes, _ in course_map_rows()}
 
 
 def test_the_course_map_has_a_row_for_every_stage():
@@ -136,3 +141,17 @@ def test_docs_name_classes_and_methods_that_exist(doc):
 FILE_TYPES = {"md", "py", "toml", "json", "ipynb", "safetensors"}
 EXTERNAL_CLASSES: set[str] = set()  # classes of other projects a page may name as Class.member
 EXTERNAL_NAMES = {"call_soon_threadsafe"}  # asyncio's, named in the request trace
+
+
+@pytest.mark.parametrize("name, time", [(name, time) for name, _, _, time in course_map_rows()], ids=lambda x: x)
+def test_the_course_map_quotes_each_notebooks_saved_run(name, time):
+    """The map's "notebook run" column is the time and mode written at the top of the notebook
+    when its outputs were saved (tests/stamp_notebooks.py), so a learner knows what Run All costs."""
+    folder = ROOT / ("final" if name == "final/" else f"stages/{name}")
+    saved = []
+    for path in sorted(folder.glob("*.ipynb")):
+        top = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown").source
+        found = re.search(r"Saved outputs: (quick|full) mode.*? in (\d+) s", top)
+        assert found, f"{path.name} has no saved-run note at its top"
+        saved.append(f"{found.group(2)} s ({found.group(1)})")
+    assert time.strip() == ", ".join(saved), f"update {name}'s notebook run in README.md's course map"
