@@ -2,7 +2,7 @@
 
     python -m course.final.bench_precision [--json out.json]
 
-Variants (the engine as the server runs it: fused, linears split over the threads):
+Variants (the engine as the server runs it on the CPU: kernel_defaults.py for each dtype):
   float32         the default
   bfloat16        the whole model in bf16 (`serve --dtype bfloat16`)
   int8 weights    int8 weight-only linears, float32 elsewhere (`serve --quantization int8`)
@@ -29,6 +29,7 @@ from course.s01_decode_loop.workloads import load_conversations, sample_requests
 
 from .bench_profile import profile
 from .engine import Engine
+from .kernel_defaults import kernel_defaults
 
 VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8 weights": ("float32", "int8")}
 
@@ -43,17 +44,18 @@ def quality_data(tok, n: int = 8):
     return prompts, texts
 
 
-def engine_model(loaded, args, quantization: str | None):
+def engine_model(loaded, dtype: str, quantization: str | None):
     """The model exactly as the engine runs it (the fused copy, split or quantized)."""
-    engine = Engine(loaded.model, loaded.tokenizer, config_for(args, quantization), loaded.eos_token_ids,
+    engine = Engine(loaded.model, loaded.tokenizer, config_for(dtype, quantization), loaded.eos_token_ids,
                     prefetch_masks=False)
     return engine.runner.model
 
 
-def config_for(args, quantization):
+def config_for(dtype: str, quantization):
+    """The server's CPU defaults for this dtype (kernel_defaults.py)."""
     from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-    return KernelEngineConfig(num_blocks=64, fused=True, linear_splits=args.linear_splits, quantization=quantization)
+    return KernelEngineConfig(num_blocks=64, **kernel_defaults("cpu", getattr(torch, dtype), quantization=quantization))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -65,24 +67,25 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--json")
     args = p.parse_args(argv)
-    args.linear_splits = torch.get_num_threads()
     fp32 = load_model()
     prompts, texts = quality_data(fp32.tokenizer)
-    reference = engine_model(fp32, args, None)
+    reference = engine_model(fp32, "float32", None)
     greedy = SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
-    ref_engine = Engine(fp32.model, fp32.tokenizer, config_for(args, None), fp32.eos_token_ids, prefetch_masks=False)
+    ref_engine = Engine(fp32.model, fp32.tokenizer, config_for("float32", None), fp32.eos_token_ids,
+                        prefetch_masks=False)
     answers = [o.token_ids for o in ref_engine.generate(prompts, greedy)]
     rows = []
     for name in args.variants:
         dtype, quantization = VARIANTS[name]
         loaded = fp32 if dtype == "float32" else load_model(dtype=getattr(torch, dtype))
-        model = engine_model(loaded, args, quantization)
+        model = engine_model(loaded, dtype, quantization)
         row = {"variant": name, "dtype": dtype, "quantization": quantization,
                "top1_agreement": sum(top1_agreement(reference, model, p, a) for p, a in zip(prompts, answers)) / len(prompts),
                "perplexity": perplexity(model, texts)}
         if not args.skip_speed:
-            settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, fused=True,
-                                       linear_splits=args.linear_splits, quantization=quantization)
+            settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, dtype=dtype,
+                                       attention_backend=None, fused=None, linear_splits=None,
+                                       quantization=quantization)  # bench_profile's flags, left to the defaults
             for workload in ("single", "saturated"):
                 r = profile(loaded, settings, workload)
                 row[f"{workload}_output_tok_s"] = r["output_tok_s"]

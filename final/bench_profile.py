@@ -2,7 +2,7 @@
 
     python -m course.final.bench_profile                       # both workloads, the server's defaults
     python -m course.final.bench_profile --workload single --torch-profiler   # + torch's top ops
-    python -m course.final.bench_profile --fused --json out.json
+    python -m course.final.bench_profile --attention-backend torch --json out.json   # one option changed
 
 Workloads (the default model, greedy, EOS ignored, as issue 19's peer table measures):
   single     one chat request, 128 new tokens: the single-stream decode step
@@ -43,6 +43,7 @@ from course.s06_kernels_graphs.int8_linear import Int8Linear
 from course.s06_kernels_graphs.split_linear import SplitLinear
 
 from .engine import Engine
+from .kernel_defaults import kernel_defaults
 
 PHASES = ("schedule", "prepare", "linear", "attention", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -108,12 +109,16 @@ def breakdown(clock: PhaseClock) -> dict[str, float]:
     return out
 
 
+def kernel_settings(args) -> dict:
+    """The server's defaults on this CPU, with the options given on the command line."""
+    return kernel_defaults("cpu", getattr(torch, args.dtype), attention_backend=args.attention_backend,
+                           fused=args.fused, linear_splits=args.linear_splits, quantization=args.quantization)
+
+
 def build_engine(loaded, args) -> Engine:
     config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
-                                attention_backend="torch",
-                                fused=args.fused or args.linear_splits > 1 or bool(getattr(args, "quantization", None)),
-                                linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
+                                **kernel_settings(args))
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
 
 
@@ -177,8 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m course.final.bench_profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
-    p.add_argument("--fused", action="store_true", help="stage 06's merged projections and fused ops")
-    p.add_argument("--linear-splits", type=int, default=1, help="stage 06's split linears (implies --fused)")
+    p.add_argument("--attention-backend", choices=["torch", "cpu"], help="default: the server's (cpu where it compiles)")
+    p.add_argument("--fused", action=argparse.BooleanOptionalAction, help="stage 06's merged projections and fused ops")
+    p.add_argument("--linear-splits", type=int, help="stage 06's split linears (default: the thread count)")
     p.add_argument("--quantization", choices=["int8"], help="stage 06's int8 weight-only linears (implies --fused)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -202,8 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
                                           f"{torch.get_num_threads()} threads",
-                               "fused": args.fused, "linear_splits": args.linear_splits,
-                               "quantization": args.quantization, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+                               **kernel_settings(args), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
                                "max_num_batched_tokens": args.max_num_batched_tokens, "results": results})
 
 

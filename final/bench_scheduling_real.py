@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import statistics
 
-import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.workloads import arrival_times, sample_requests
@@ -14,6 +13,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import MEASURED_CPU, load
 from .engine import Engine
+from .kernel_defaults import kernel_defaults
 from .replay import replay
 from .scheduling import POLICIES, make_policy
 from .scheduling_metrics import percentile, summarize
@@ -51,8 +51,7 @@ def real_runs(loaded, n: int, load_: float, seed: int, max_output_tokens: int = 
     out = {"requests": n, "load": load_, "rate": load_ * capacity, "max_output_tokens": max_output_tokens,
            "policies": {}}
     for policy in POLICIES:
-        splits = torch.get_num_threads()  # the server's CPU defaults: fused, linears split over the threads
-        engine = Engine(loaded.model, tok, KernelEngineConfig(**SIZES, fused=splits > 1, linear_splits=splits),
+        engine = Engine(loaded.model, tok, KernelEngineConfig(**SIZES, **kernel_defaults()),  # as served
                         loaded.eos_token_ids,
                         policy=make_policy(policy, cost))
         # an engine's first steps allocate its buffers (seconds on this CPU): not part of the trace

@@ -15,6 +15,7 @@ from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
+from .kernel_defaults import kernel_defaults
 from .scheduling import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
 from .remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
@@ -48,22 +49,10 @@ def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config,
 
 
 def kernel_options(args: argparse.Namespace) -> dict:
-    """Stage 06's choices. On CUDA the Triton kernels, fused ops and decode graphs are the
-    defaults; elsewhere the PyTorch backend (Triton would run through its interpreter, and the
-    graph stand-in only checks capturability), fused, with every linear split over the
-    intra-op threads (torch's CPU linear runs a decode step's GEMVs on one thread:
-    stage 06's split_linear.py; 1.7x single-stream decode on our 2-core CPU)."""
-    cuda = args.device.startswith("cuda")
-    backend = args.attention_backend or ("triton" if cuda else "torch")
-    graphs = cuda if args.cuda_graphs is None else args.cuda_graphs
-    splits = args.linear_splits if args.linear_splits is not None else (1 if cuda else torch.get_num_threads())
-    quantization = getattr(args, "quantization", None)
-    fused = args.fused if args.fused is not None else (cuda or splits > 1 or quantization is not None)
-    if (splits > 1 or quantization) and not fused:
-        raise ValueError(f"{'--quantization' if quantization else '--linear-splits'} needs the fused model: "
-                         "drop --no-fused")
-    return {"attention_backend": backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
-            "quantization": quantization}
+    """Stage 06's choices: what the flags set, the device's defaults for the rest (kernel_defaults.py)."""
+    return kernel_defaults(args.device, getattr(torch, getattr(args, "dtype", "float32")),
+                           attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs, fused=args.fused,
+                           linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
 
 
 def build_server(args: argparse.Namespace):
@@ -109,11 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     k = s.add_argument_group("kernels (stage 06)")
-    k.add_argument("--attention-backend", choices=["torch", "triton"], help="default: triton on CUDA, else torch")
+    k.add_argument("--attention-backend", choices=["torch", "cpu", "triton"],
+                   help="default: triton on CUDA; on the CPU stage 06's C kernel (cpu) for float32 when a C "
+                        "compiler is there, else torch")
     k.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
                    help="replay decode steps from captured graphs (default: on with CUDA)")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
-                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on)")
+                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on, except on a "
+                        "1-thread CPU with unsplit linears)")
     k.add_argument("--quantization", choices=["int8"],
                    help="int8 weight-only linears (stage 06's int8_linear.py): faster decode, outputs close to "
                         "but not equal to float32's (default: none)")

@@ -13,7 +13,6 @@ import random
 import time
 
 import numpy as np
-import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
@@ -21,6 +20,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import LinearCostModel
 from .engine import Engine
+from .kernel_defaults import kernel_defaults
 
 PREFILLS = (8, 32, 64, 128, 256, 512)
 DECODES = [(s, L) for L in (64, 512) for s in (1, 2, 4, 8, 16, 32)] + [(4, 1536), (8, 1536)]
@@ -29,10 +29,9 @@ MIXED = {(4, 64): (64, 256), (16, 64): (64, 256), (8, 512): (128,)}  # (seqs, co
 
 def measure_points(model_name: str | None = None, repeats: int = 3, seed: int = 0) -> list[dict]:
     loaded = load_model(model_name)
-    splits = torch.get_num_threads()  # the server's CPU defaults: the fused model, linears split over the threads
     engine = Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(
-        num_blocks=1100, block_size=16, max_num_seqs=64, max_num_batched_tokens=512, fused=splits > 1,
-        linear_splits=splits), loaded.eos_token_ids)
+        num_blocks=1100, block_size=16, max_num_seqs=64, max_num_batched_tokens=512, **kernel_defaults()),
+        loaded.eos_token_ids)  # the server's CPU defaults
     vocab = loaded.model.config.vocab_size
     rounds = [sweep(engine, vocab, random.Random(seed + r)) for r in range(repeats)]
     return [min(same, key=lambda p: p["seconds"]) for same in zip(*rounds)]

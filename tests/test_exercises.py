@@ -37,6 +37,7 @@ def stubs_of(path: Path) -> list[tuple[str, object, object]]:
 def test_the_core_stages_have_exercises():
     assert {p.parent.parent.name for p in EXERCISES} >= {"01_decode_loop", "02_kv_cache", "03_paged",
                                                          "04_continuous_batching", "05_speculative",
+                                                         "06_kernels_graphs", "07_disaggregated",
                                                          "08_structured"}
 
 
@@ -87,6 +88,12 @@ STAGE_RUNS = {
            "course.s04_continuous_batching.scheduler.Scheduler._make_room",
            ["test_batching_token_budget_and_chunked_prefill_schedule",
             "test_batching_preemption_keeps_outputs_identical"]),
+    "06": (["stages/06_kernels_graphs/tests/test_torch_backend.py"],
+           "course.s06_kernels_graphs.backends.decode_attention_gather",
+           ["test_planned_step_equals_stage03_and_the_oracle"]),
+    "07": (["stages/07_disaggregated/tests/test_router.py"], "course.s07_disaggregated.router.PrefixTree.insert",
+           ["test_same_prompt_and_its_extensions_land_on_the_same_replica",
+            "test_lru_evicts_the_end_of_a_prefix_before_its_beginning"]),
     "08": (["stages/08_structured/tests/test_matcher.py"], "course.s08_structured.pda.PDA.advance",
            ["test_masks_equal_the_naive_reference_at_every_step", "test_a_rejected_token_leaves_the_state_unchanged"]),
 }

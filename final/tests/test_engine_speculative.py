@@ -40,8 +40,9 @@ def reference(model, tok, params, pool):
     return [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], params)]
 
 
-def speculative(model, tok, params, pool, drafter=None, k=4, **spec):
-    config = KernelEngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+def speculative(model, tok, params, pool, drafter=None, k=4, backend="torch", **spec):
+    config = KernelEngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4, max_num_batched_tokens=12,
+                                attention_backend=backend)
     engine = Engine(model, tok, config, [TINY_EOS], SpeculativeConfig("lookup", k, **spec), drafter=drafter)
     accepted_per_step, engine.mixed_steps = [], 0
     ids = [engine.add_request(list(p), params) for p in PROMPTS]
@@ -68,12 +69,14 @@ def test_prompt_lookup_in_the_batch_gives_the_same_greedy_tokens(tiny, byte_tok,
         assert engine.stats()["preemptions"] > 0
 
 
+@pytest.mark.parametrize("backend", ["torch", "cpu"])  # cpu: each verification chunk's rows in the C kernel
 @pytest.mark.parametrize("wrong_every", [2, 3, 4])
-def test_requests_accept_different_lengths_in_one_step(byte_tok, wrong_every):
+def test_requests_accept_different_lengths_in_one_step(byte_tok, wrong_every, backend):
     model = tiny_model("gqa_tied")
     want = reference(model, byte_tok, GREEDY, "roomy")
     truth = {tuple(p): w for p, w in zip(PROMPTS, want)}
-    got, engine, steps = speculative(model, byte_tok, GREEDY, "roomy", OracleDrafter(truth, wrong_every))
+    got, engine, steps = speculative(model, byte_tok, GREEDY, "roomy", OracleDrafter(truth, wrong_every),
+                                     backend=backend)
     assert got == want
     assert any(len({n for n in step.values() if n > 0}) > 1 for step in steps)  # different lengths, same step
     assert engine.spec_stats.accepted > 0 and engine.spec_stats.accepted < engine.spec_stats.proposed

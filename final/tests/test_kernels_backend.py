@@ -10,6 +10,7 @@ from course.final.testing import live_server, tiny_engine
 
 SETTINGS = {"torch": {}, "torch+fused+graphs": {"fused": True, "cuda_graphs": True},
             "torch+fused+split": {"fused": True, "linear_splits": 2},
+            "cpu+fused+split": {"attention_backend": "cpu", "fused": True, "linear_splits": 2},
             "triton+graphs": {"attention_backend": "triton", "cuda_graphs": True}}
 
 
@@ -26,25 +27,27 @@ def answers(byte_tok, settings):
 
 def test_server_answers_are_the_same_with_every_kernel_setting(byte_tok):
     want, _ = answers(byte_tok, SETTINGS["torch"])
-    for name in ("torch+fused+graphs", "torch+fused+split", "triton+graphs"):
+    for name in ("torch+fused+graphs", "torch+fused+split", "cpu+fused+split", "triton+graphs"):
         got, stats = answers(byte_tok, SETTINGS[name])
         assert got == want, name
         assert (stats["graphed_steps"] > 0) == ("graphs" in name) and stats["backend"] == name.split("+")[0]
 
 
 @pytest.mark.parametrize("device, threads, flags, want", [
-    ("cpu", 2, {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": True, "linear_splits": 2}),
-    ("cpu", 1, {}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False, "linear_splits": 1}),
-    ("cpu", 2, {"linear_splits": 1}, {"attention_backend": "torch", "cuda_graphs": False, "fused": False,
+    ("cpu", 2, {}, {"attention_backend": "cpu", "cuda_graphs": False, "fused": True, "linear_splits": 2}),
+    ("cpu", 1, {}, {"attention_backend": "cpu", "cuda_graphs": False, "fused": False, "linear_splits": 1}),
+    ("cpu", 2, {"linear_splits": 1}, {"attention_backend": "cpu", "cuda_graphs": False, "fused": False,
                                       "linear_splits": 1}),
-    ("cpu", 2, {"fused": False, "linear_splits": 1},
+    ("cpu", 2, {"fused": False, "linear_splits": 1, "attention_backend": "torch"},
      {"attention_backend": "torch", "cuda_graphs": False, "fused": False, "linear_splits": 1}),
+    ("cpu", 2, {"dtype": "bfloat16"}, {"attention_backend": "torch", "cuda_graphs": False, "fused": True,
+                                       "linear_splits": 2}),  # the C kernel reads float32 pools only
     ("cuda", 2, {}, {"attention_backend": "triton", "cuda_graphs": True, "fused": True, "linear_splits": 1}),
     ("cuda", 2, {"cuda_graphs": False, "attention_backend": "torch"},
      {"attention_backend": "torch", "cuda_graphs": False, "fused": True, "linear_splits": 1}),
-    ("cpu", 1, {"quantization": "int8"}, {"attention_backend": "torch", "cuda_graphs": False, "fused": True,
+    ("cpu", 1, {"quantization": "int8"}, {"attention_backend": "cpu", "cuda_graphs": False, "fused": True,
                                           "linear_splits": 1, "quantization": "int8"}),
-    ("cpu", 2, {"fused": True, "cuda_graphs": True},
+    ("cpu", 2, {"fused": True, "cuda_graphs": True},  # the graph stand-in checks the torch path
      {"attention_backend": "torch", "cuda_graphs": True, "fused": True, "linear_splits": 2}),
 ])
 def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, monkeypatch):
@@ -56,6 +59,21 @@ def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, mon
     assert kernel_options(args) == {"quantization": None} | want
 
 
+def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monkeypatch):
+    from course.final.kernel_defaults import kernel_defaults
+    from course.s06_kernels_graphs import native
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("COURSE_KERNEL_CACHE", str(tmp_path / "cache"))
+    native.forget_loaded()
+    try:
+        assert kernel_defaults("cpu")["attention_backend"] == "torch"
+    finally:
+        monkeypatch.undo()
+        native.forget_loaded()
+    assert kernel_defaults("cpu")["attention_backend"] == "cpu"
+
+
 def test_cli_refuses_split_linears_without_the_fused_model(monkeypatch):
     monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: 2)
     args = argparse.Namespace(device="cpu", attention_backend=None, cuda_graphs=None, fused=False, linear_splits=None)
@@ -63,11 +81,12 @@ def test_cli_refuses_split_linears_without_the_fused_model(monkeypatch):
         kernel_options(args)
 
 
-def test_server_with_prompt_lookup_gives_the_same_answers_and_counts_drafts(byte_tok):
+@pytest.mark.parametrize("backend", ["torch", "cpu"])  # cpu: verification chunks go through the C kernel
+def test_server_with_prompt_lookup_gives_the_same_answers_and_counts_drafts(byte_tok, backend):
     from course.final.engine import SpeculativeConfig
     from course.final.testing import metric
     want, _ = answers(byte_tok, {})
-    engine = tiny_engine(byte_tok, speculative=SpeculativeConfig("lookup", 3))
+    engine = tiny_engine(byte_tok, speculative=SpeculativeConfig("lookup", 3), attention_backend=backend)
     with live_server(engine, byte_tok) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         got = [client.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0).choices[0].text

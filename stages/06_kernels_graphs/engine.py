@@ -24,7 +24,8 @@ from .split_linear import split_linears
 
 @dataclass
 class KernelEngineConfig(EngineConfig):
-    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math) or "triton" (this stage's kernels)
+    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu_attention.c) or
+                                         # "triton" (this stage's kernels)
     cuda_graphs: bool = False            # replay decode steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
     graph_max_seq_len: int = 2048        # decode steps with a longer sequence run eagerly

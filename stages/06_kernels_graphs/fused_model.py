@@ -11,7 +11,8 @@ What changes, per layer (the unfused count in brackets):
 * RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries].
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
-only) or "triton" (fused_norm.py and rotary.py). The attention backend is independent.
+only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu_ops.c: C loops for the CPU).
+The attention backend is independent.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from torch import nn
 
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
+
+from .cpu_ops import CpuOps
 
 
 class TorchOps:
@@ -39,6 +42,11 @@ class TorchOps:
         q.copy_(apply_rope(q, cos, sin))
         k.copy_(apply_rope(k, cos, sin))
 
+    @staticmethod
+    def silu_mul(gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
 
 class TritonOps:
     @staticmethod
@@ -56,8 +64,10 @@ class TritonOps:
         from .rotary import apply_rotary_
         apply_rotary_(q, k, cos, sin)
 
+    silu_mul = TorchOps.silu_mul
 
-OPS = {"torch": TorchOps, "triton": TritonOps}
+
+OPS = {"torch": TorchOps, "cpu": CpuOps, "triton": TritonOps}
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:
@@ -99,8 +109,7 @@ class FusedLayer(nn.Module):
         ops.rotary_(q, k, cos, sin)
         x = self.o_proj(attn.forward(self.layer_idx, q, k, v, meta).reshape(t, -1))
         h, residual = ops.add_rms_norm(x, residual, self.post_norm, self.eps)
-        gate, up = self.gate_up(h).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up), residual
+        return self.down_proj(ops.silu_mul(self.gate_up(h))), residual
 
 
 class FusedCausalLM(nn.Module):

@@ -11,7 +11,7 @@ bound and it loses to a float GEMM. So a layer picks per call: up to `max_int8_r
 int8 kernel; more rows: the weights dequantized to bfloat16 for that call, then one bf16
 matmul split over the cores (split_linear.py). Activations stay float32 between layers.
 
-    python -m course.s06_kernels_graphs.bench_precision   # speed and quality against float32
+    python -m course.final.bench_precision   # speed and quality against float32
 
 Quality is not free: outputs are close to, not equal to, float32's (tests/test_int8_linear.py
 bounds the error; bench_precision reports greedy agreement and perplexity on held-out text).

@@ -49,6 +49,20 @@ def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs,
         assert engine.stats()["preemptions"] > 0  # the workload did what it is here for
 
 
+@pytest.mark.parametrize("pool", sorted(POOLS))
+@pytest.mark.parametrize("budget", [12, 40])  # 40: whole prompts in one chunk beside decodes
+@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused-split"])
+def test_cpu_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, budget, fused):
+    _, model = tiny
+    want = stage04(model, byte_tok, GREEDY, pool)
+    config = KernelEngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=budget, **POOLS[pool],
+                                attention_backend="cpu", fused=fused, linear_splits=2 if fused else 1)
+    got, engine = run(LLMEngine, config, model, byte_tok, GREEDY)
+    assert got == want and engine.stats()["backend"] == "cpu"
+    if budget == 40:
+        assert any(n > 12 for s in engine.step_log for _, n, _ in s["chunks"])  # chunks of more than 12 rows
+
+
 def test_seeded_sampling_is_unchanged_by_graphs_and_fusion(byte_tok):
     model = tiny_model("gqa_tied")
     params = SamplingParams(max_new_tokens=10, temperature=0.9, top_p=0.9, seed=7)

@@ -1,0 +1,30 @@
+"""Stage 06's kernel options as the server picks them for a device: one place, used by the
+CLI and by every benchmark that measures "the engine as served".
+
+On CUDA: the Triton kernels, fused ops and decode graphs. On the CPU: stage 06's C attention
+kernel when a float32 pool and a C compiler allow it (else the PyTorch backend), the fused
+model with every linear split over the intra-op threads (torch's CPU linear runs a decode
+step's GEMVs on one thread: split_linear.py), no graphs (the CPU stand-in only checks
+capturability). Options the user set are kept; unset ones (None) get the default."""
+from __future__ import annotations
+
+import torch
+
+from course.s06_kernels_graphs.cpu_attention import kernel_unavailable
+
+
+def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, attention_backend: str | None = None,
+                    cuda_graphs: bool | None = None, fused: bool | None = None, linear_splits: int | None = None,
+                    quantization: str | None = None) -> dict:
+    cuda = device.startswith("cuda")
+    graphs = cuda if cuda_graphs is None else cuda_graphs
+    if attention_backend is None:
+        native = not cuda and not graphs and dtype == torch.float32 and kernel_unavailable() is None
+        attention_backend = "triton" if cuda else "cpu" if native else "torch"
+    splits = linear_splits if linear_splits is not None else (1 if cuda else torch.get_num_threads())
+    fused = fused if fused is not None else (cuda or splits > 1 or quantization is not None)
+    if (splits > 1 or quantization) and not fused:
+        raise ValueError(f"{'--quantization' if quantization else '--linear-splits'} needs the fused model: "
+                         "drop --no-fused")
+    return {"attention_backend": attention_backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
+            "quantization": quantization}

@@ -1,0 +1,134 @@
+"""This stage's C kernels for the CPU against the PyTorch code they replace, side by side in one run.
+
+    python -m course.s06_kernels_graphs.bench_cpu_kernels [--json out.json]
+
+1. One layer's attention.
+SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head dim 64), float32, block size
+16, block tables shuffled over the pool. For each step shape, the same pool and metadata go to
+    gather    the sync-free path of captured steps: every table gathered at once, einsums
+    sdpa      the torch backend's eager plan: decodes in length-sorted groups of 8, SDPA
+    cpu       the cpu backend: cpu_attention.c reads the pool in place, every row in one call
+each timing includes the KV write, as a layer's attention call does. Ratios are against `sdpa`,
+the torch backend's default.
+
+2. One layer's small ops (two add+RMSNorms, RoPE on q and k, SwiGLU's silu * up) at 1, 32 and
+256 tokens: fused_model.py's TorchOps against CpuOps (cpu_ops.c).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+from types import SimpleNamespace
+
+import torch
+
+from course.s01_decode_loop.benchmark import write_json
+
+from .backends import CpuPagedBackend, TorchPagedBackend
+from .fused_model import CpuOps, TorchOps
+
+HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
+SHAPES = {  # name -> (query tokens, total length) per sequence
+    "1 decode, 300 tokens": [(1, 300)],
+    "8 decodes, 100-600": [(1, n) for n in range(100, 601, 70)],
+    "32 decodes, 100-300": [(1, 100 + 6 * i) for i in range(32)],
+    "32 decodes, 600-1000": [(1, 600 + 12 * i) for i in range(32)],
+    "4 verifications of 5": [(5, 200 + 50 * i) for i in range(4)],
+    "prefill 256 + 16 decodes": [(256, 256)] + [(1, 150 + 10 * i) for i in range(16)],
+}
+
+
+def step(shape, seed: int = 0):
+    """A one-layer cache holding every sequence, and the step's metadata inputs."""
+    g = torch.Generator().manual_seed(seed)
+    widths = [-(-total // BLOCK) for _, total in shape]
+    num_blocks = sum(widths) + 1
+    cache = SimpleNamespace(k=torch.randn(1, num_blocks, BLOCK, KV_HEADS, DIM, generator=g),
+                            v=torch.randn(1, num_blocks, BLOCK, KV_HEADS, DIM, generator=g), block_size=BLOCK)
+    ids = torch.randperm(num_blocks - 1, generator=g).tolist()
+    width, tables, slots, cu = max(widths), [], [], [0]
+    for (new, total), w in zip(shape, widths):
+        table, ids = ids[:w], ids[w:]
+        tables.append(table + [num_blocks - 1] * (width - w))
+        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(total - new, total)]
+        cu.append(cu[-1] + new)
+    tokens = cu[-1]
+    inputs = dict(positions=torch.zeros(tokens, dtype=torch.long), cu_seqlens_q=torch.tensor(cu),
+                  seq_lens=torch.tensor([t for _, t in shape]), slot_mapping=torch.tensor(slots),
+                  block_tables=torch.tensor(tables), max_query_len=max(n for n, _ in shape),
+                  max_seq_len=max(t for _, t in shape), host_lens=([n for n, _ in shape], [t for _, t in shape]))
+    qkv = [torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS)]
+    return cache, inputs, qkv
+
+
+def timed(fn, reps: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - start) / reps
+
+
+def measure(shape, reps: int) -> dict:
+    cache, inputs, (q, k, v) = step(shape)
+    runs = {}
+    for name, backend, host in (("gather", TorchPagedBackend(cache), False), ("sdpa", TorchPagedBackend(cache), True),
+                                ("cpu", CpuPagedBackend(cache), True)):
+        if name == "gather" and inputs["max_query_len"] > 1:
+            continue  # the captured path exists for decode-only steps
+        meta = backend.build_metadata(**(inputs | {"host_lens": inputs["host_lens"] if host else None}))
+        runs[name] = (backend, meta)
+    outs = {name: b.forward(0, q, k, v, m) for name, (b, m) in runs.items()}
+    err = max((outs[n] - outs["sdpa"]).abs().max().item() for n in outs)
+    ms = {name: 1e3 * timed(lambda b=b, m=m: b.forward(0, q, k, v, m), reps) for name, (b, m) in runs.items()}
+    return {"ms": ms, "max_abs_diff": err, "cpu_speedup_vs_sdpa": ms["sdpa"] / ms["cpu"]}
+
+
+def layer_ops(ops, tokens: int, hidden: int = 576, intermediate: int = 1536):
+    """One layer's small ops on fresh inputs, as FusedLayer calls them."""
+    g = torch.Generator().manual_seed(tokens)
+    x, residual, weight = (torch.randn(tokens, hidden, generator=g) for _ in range(3))
+    weight = weight[0]
+    qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM, generator=g)
+    q = qkv[:, :HEADS * DIM].view(tokens, HEADS, DIM)
+    k = qkv[:, HEADS * DIM:(HEADS + KV_HEADS) * DIM].view(tokens, KV_HEADS, DIM)
+    cos, sin = torch.randn(tokens, DIM // 2, generator=g), torch.randn(tokens, DIM // 2, generator=g)
+    gate_up = torch.randn(tokens, 2 * intermediate, generator=g)
+
+    def run():
+        h, r = ops.add_rms_norm(x, residual, weight, 1e-5)
+        ops.rotary_(q, k, cos, sin)
+        h, r = ops.add_rms_norm(h, r, weight, 1e-5)
+        return ops.silu_mul(gate_up)
+    return run
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    print(f"# one layer's attention (9/3 heads, dim 64, fp32, block {BLOCK}); {machine}")
+    rows = []
+    with torch.no_grad():
+        for name, shape in SHAPES.items():
+            r = measure(shape, args.reps) | {"shape": name}
+            rows.append(r)
+            cells = "  ".join(f"{k} {v:7.3f} ms" for k, v in r["ms"].items())
+            print(f"{name:28s} {cells}   cpu {r['cpu_speedup_vs_sdpa']:4.1f}x sdpa  (max |diff| {r['max_abs_diff']:.1e})")
+        print("# one layer's small ops: 2 x add+RMSNorm, RoPE (q and k), silu * up")
+        ops_rows = []
+        for tokens in (1, 32, 256):
+            ms = {name: 1e3 * timed(layer_ops(ops, tokens), args.reps * 10) for name, ops in
+                  (("torch", TorchOps), ("cpu", CpuOps))}
+            ops_rows.append({"tokens": tokens, "ms": ms, "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
+            print(f"{tokens:4d} tokens  torch {ms['torch']:7.3f} ms  cpu {ms['cpu']:7.3f} ms   "
+                  f"cpu {ms['torch'] / ms['cpu']:4.1f}x torch")
+    if args.json:
+        write_json(args.json, {"machine": machine, "attention": rows, "small_ops": ops_rows})
+
+
+if __name__ == "__main__":
+    main()
