@@ -38,6 +38,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .bench_load import plot_rates, run_rates
 from .engine import Engine, SpeculativeConfig
+from .kernel_defaults import kernel_defaults
 
 REWRITE = [
     "Fix the spelling in this text and repeat it: 'The quick brown fox jumpd over the lazy dog. It was a sunny day "
@@ -52,13 +53,18 @@ SYSTEMS = {"off": None, "lookup k=2": SpeculativeConfig("lookup", 2), "lookup k=
 
 
 # Engine features on and off (speculation off) on the chat workload, token budget 128 so that
-# long prompts are chunked: each row changes one thing against the first (without chunking the
-# budget must hold a whole prompt, so that row has 512).
-FEATURES = {"all on (default)": {}, "no prefix caching": {"enable_prefix_caching": False},
+# long prompts are chunked: each row changes one thing against the first, the engine as the
+# server runs it (kernel_defaults.py; without chunking the budget must hold a whole prompt, so
+# that row has 512).
+FEATURES = {"all on (the server's defaults)": {}, "no prefix caching": {"enable_prefix_caching": False},
             "no chunked prefill (budget 512: whole prompts)": {"enable_chunked_prefill": False,
                                                                "max_num_batched_tokens": 512},
-            "stage 04's engine (no ModelRunner)": {"engine": "stage04"},
-            "fused (merged QKV/gate-up)": {"fused": True}}
+            "stage 04's engine (no ModelRunner)": {"engine": "stage04"}}
+if not torch.cuda.is_available():
+    FEATURES |= {"PyTorch attention (torch backend)": {"attention_backend": "torch"},
+                 "unfused, linears unsplit (torch's linear)": {"fused": False, "linear_splits": 1},
+                 "PyTorch only (torch backend, unfused, unsplit)": {"attention_backend": "torch", "fused": False,
+                                                                    "linear_splits": 1}}
 if torch.cuda.is_available():  # on the CPU these run through the interpreter / a checking stand-in
     FEATURES |= {"triton attention": {"attention_backend": "triton"},
                  "triton + fused + CUDA graphs": {"attention_backend": "triton", "fused": True, "cuda_graphs": True}}
@@ -85,8 +91,8 @@ def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = 
         from course.s04_continuous_batching.engine import EngineConfig
         from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
         return BatchingEngine(loaded.model, loaded.tokenizer, EngineConfig(**sizes), loaded.eos_token_ids)
-    return Engine(loaded.model, loaded.tokenizer, KernelEngineConfig(**(sizes | features)), loaded.eos_token_ids, spec,
-                  prefetch_masks=prefetch_masks)
+    config = KernelEngineConfig(**(sizes | kernel_defaults("cuda" if torch.cuda.is_available() else "cpu") | features))
+    return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec, prefetch_masks=prefetch_masks)
 
 
 def serve(engine, prompts, max_output: int, processors=None) -> dict:

@@ -15,6 +15,7 @@ from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
+from .kernel_defaults import describe as describe_kernels
 from .kernel_defaults import kernel_defaults
 from .scheduling import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
@@ -62,6 +63,7 @@ def build_server(args: argparse.Namespace):
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
     options = kernel_options(args)
+    print(describe_kernels(options, args.device, dtype), file=sys.stderr)
     speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
 

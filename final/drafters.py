@@ -62,6 +62,22 @@ class EagleSource(DraftSource):
             del self.per_request[request_id]
 
 
+class BorrowedTarget:
+    """The target as EAGLE borrows it: the model passed in (embedding, config, device), but the
+    lm_head as the engine runs it (split over the cores, or int8: stage 06), so a drafted
+    token's logits cost what the target's own do. torch's unsplit lm_head decodes one row on
+    one thread: ~10 ms a draft token on our 2-core CPU, more than the rest of the draft step."""
+
+    def __init__(self, model, engine_model):
+        self._model, self.engine_model = model, engine_model
+
+    def compute_logits(self, hidden):
+        return self.engine_model.compute_logits(hidden)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
 def make_source(method: str, target, eagle_head: str | Path | None = None) -> DraftSource | None:
     if method == "none":
         return None

@@ -30,8 +30,9 @@ from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
+from course.s06_kernels_graphs.split_linear import split_linears
 
-from .drafters import DraftSource, make_source
+from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
 from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
@@ -58,10 +59,14 @@ class Engine(LLMEngine):
         """`drafter` overrides the one `speculative.method` names (tests pass an oracle)."""
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
         self.speculative = speculative = speculative or SpeculativeConfig()
-        # the unfused model: EAGLE borrows its embedding and lm_head
+        # EAGLE borrows the embedding of the model passed in and the lm_head the engine runs, and
+        # its own linears are split over the cores as the engine's are (stage 06)
         if isinstance(drafter, Drafter):
             drafter = DraftSource(drafter)
-        self.source = drafter or make_source(speculative.method, model, speculative.eagle_head)
+        target = BorrowedTarget(model, self.runner.model) if self.config.fused else model
+        self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
+        if isinstance(self.source, EagleSource) and self.config.linear_splits > 1:
+            split_linears(self.source.head, self.config.linear_splits)
         self.drafts = self.scheduler.drafts
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()

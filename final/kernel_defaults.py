@@ -28,3 +28,15 @@ def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, 
                          "drop --no-fused")
     return {"attention_backend": attention_backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
             "quantization": quantization}
+
+
+def describe(options: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> str:
+    """One line for the server's start-up: what runs, and why the C kernel does not if it could."""
+    parts = [f"attention {options['attention_backend']}", "fused" if options["fused"] else "unfused",
+             f"linears split {options['linear_splits']}"]
+    parts += ["CUDA graphs"] * options["cuda_graphs"] + [options["quantization"] or ""]
+    line = "kernels: " + ", ".join(p for p in parts if p)
+    reason = kernel_unavailable() if options["attention_backend"] == "torch" and device == "cpu" else None
+    if reason and dtype == torch.float32:
+        line += f" (the C kernel is unavailable: {reason})"
+    return line

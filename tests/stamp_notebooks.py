@@ -20,9 +20,9 @@ tests/test_notebook_freshness.py recomputes both and fails when they differ from
     python -m tests.stamp_notebooks --full --write-results PATH   # ... and rewrite the results file
                                                                   # its README quotes (else left as committed)
 
-The command executes the notebook top to bottom first, headless, exactly as
-tests/test_notebooks.py does (quick mode by default: COURSE_QUICK=1, MPLBACKEND=Agg; it also
-sets OMP_NUM_THREADS=1 unless you set it), refuses to stamp a notebook that raised, and only
+The command executes the notebook top to bottom first, headless, as tests/test_notebooks.py
+does (quick mode by default: COURSE_QUICK=1; it also sets OMP_NUM_THREADS=1 unless you set it),
+but with matplotlib's inline backend, so the saved outputs keep their plots, refuses to stamp a notebook that raised, and only
 then writes the outputs and the stamp. There is deliberately no way to stamp without executing.
 """
 from __future__ import annotations
@@ -237,7 +237,9 @@ def execute(path: Path, quick: bool = True, timeout: int = 900, write_results: b
     import nbformat
     from nbclient import NotebookClient
 
-    os.environ["MPLBACKEND"] = "Agg"
+    # The inline backend, as Jupyter uses: plt.show() saves each figure into the notebook as a
+    # PNG (under Agg it would draw nothing, and the saved notebook would have no plots).
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if quick:
         os.environ["COURSE_QUICK"] = "1"  # fewer tokens, smaller sweeps; the kernel inherits it

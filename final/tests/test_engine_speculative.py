@@ -227,19 +227,25 @@ def test_a_head_for_another_model_is_refused_clearly():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["eagle", "lookup"])
-def test_real_model_speculation_in_the_batch_keeps_every_greedy_token(smollm2, method):
+@pytest.mark.parametrize("method, kernels", [("eagle", {}), ("lookup", {}),
+                                             ("eagle", {"attention_backend": "cpu", "fused": True, "linear_splits": 2})])
+def test_real_model_speculation_in_the_batch_keeps_every_greedy_token(smollm2, method, kernels):
+    """Also with the server's CPU defaults, where EAGLE drafts through the engine's split lm_head."""
     from course.s01_decode_loop.generate import encode_prompt
     prompts = [encode_prompt(smollm2.tokenizer, p, chat=True) for p in
                ["What is the capital of France?", "Repeat exactly: one two three four five six seven.",
                 "Write a haiku about the sea.", "List three primary colors."]]
     params = SamplingParams(max_new_tokens=24, temperature=0.0)
     want = BatchingEngine(smollm2.model, smollm2.tokenizer, EngineConfig(num_blocks=128), smollm2.eos_token_ids)
-    engine = Engine(smollm2.model, smollm2.tokenizer, KernelEngineConfig(num_blocks=128), smollm2.eos_token_ids,
-                    SpeculativeConfig(method, 4))
+    engine = Engine(smollm2.model, smollm2.tokenizer, KernelEngineConfig(num_blocks=128, **kernels),
+                    smollm2.eos_token_ids, SpeculativeConfig(method, 4))
     assert [o.token_ids for o in engine.generate(prompts, params)] == \
         [o.token_ids for o in want.generate(prompts, params)]
     assert engine.spec_stats.accepted > 0  # the real head (or lookup) does get drafts accepted
+    if kernels:  # EAGLE drafts with the engine's lm_head and split linears; the model passed in is untouched
+        from course.s06_kernels_graphs.split_linear import SplitLinear
+        assert engine.source.target.engine_model is engine.runner.model
+        assert isinstance(engine.source.head.fc, SplitLinear) and type(smollm2.model.lm_head) is torch.nn.Linear
 
 
 def test_rejection_sampling_in_the_batch_keeps_the_target_distribution(byte_tok):

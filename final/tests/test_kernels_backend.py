@@ -60,14 +60,16 @@ def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, mon
 
 
 def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monkeypatch):
-    from course.final.kernel_defaults import kernel_defaults
+    from course.final.kernel_defaults import describe, kernel_defaults
     from course.s06_kernels_graphs import native
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("COURSE_KERNEL_CACHE", str(tmp_path / "cache"))
     native.forget_loaded()
     try:
-        assert kernel_defaults("cpu")["attention_backend"] == "torch"
+        options = kernel_defaults("cpu")
+        assert options["attention_backend"] == "torch"
+        assert "the C kernel is unavailable: no C compiler" in describe(options)  # said at start-up
     finally:
         monkeypatch.undo()
         native.forget_loaded()

@@ -131,6 +131,12 @@ def _uncertain_checked(matcher: GrammarMatcher) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    run(argv)
+    return 0
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """The benchmark; returns what --json writes (summary, rows, full_schema_compile)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     quick = bool(os.environ.get("COURSE_QUICK"))
     p.add_argument("--paths", type=int, default=2 if quick else 4)
@@ -175,9 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                "median_naive_over_ours": med("naive_over_ours"), "median_ours_over_xgrammar": med("ours_over_xgrammar")}
     print(f"median over grammars: cached masks {summary['median_naive_over_ours']:.0f}x faster than naive, "
           f"{summary['median_ours_over_xgrammar']:.1f}x slower than xgrammar ({summary['machine']})")
+    result = {"summary": summary, "rows": rows, "full_schema_compile": compile_rows}
     if args.json:
-        write_json(args.json, {"summary": summary, "rows": rows, "full_schema_compile": compile_rows})
-    return 0
+        write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from course.s08_structured.generate import ConstrainedGenerator
 from course.s08_structured.grammar import CharClass, Grammar, star
 from course.s08_structured.matcher import compile_grammar
 from course.s08_structured.pda import accepts
-from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
+from course.s08_structured.sources import grammar_from_ebnf_file, grammar_from_json_schema, grammar_from_regex
 from course.s08_structured.testing import EXAMPLE_REGEXES, EXAMPLE_SCHEMAS
 from course.s08_structured.vocab import TokenizerInfo
 
@@ -93,6 +93,27 @@ def test_cli_json_schema_file_and_grammar_file(tiny_folder, tmp_path, capsys):
     assert main(["--model", str(tiny_folder), "--grammar", str(ebnf), "--prompt", "x", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
     assert re.fullmatch("a[xy]{2}!", row["text"]) and row["finish_reason"] == "stop"
+
+
+def test_the_readme_commands_run_with_the_committed_example_files(tiny_folder, capsys):
+    """The README's first commands, on a tiny model: their files are in the repo, and the output
+    is what each grammar allows."""
+    from pathlib import Path
+
+    stage = Path(__file__).resolve().parents[1]
+    commands = [line.split("python -m course.s08_structured ", 1)[1] for line in (stage / "README.md").read_text().split("\n")
+                if line.startswith("python -m course.s08_structured --")]
+    files = [w for c in commands for w in c.split() if w.startswith("stages/08_structured/examples/")]
+    assert len(files) == 2 and all((stage.parents[1] / f).is_file() for f in files)
+    schema, ebnf = (stage.parents[1] / f for f in files)
+    for flag, path in (("--json-schema", schema), ("--grammar", ebnf)):
+        assert main(["--model", str(tiny_folder), flag, str(path), "--prompt", "x", "--json", "--max-new-tokens", "200",
+                     "--temperature", "1", "--seed", "0"]) == 0
+        row = json.loads(capsys.readouterr().out)
+        grammar = grammar_from_json_schema(str(path)) if flag == "--json-schema" else grammar_from_ebnf_file(path)
+        assert accepts(grammar, row["text"]) or row["finish_reason"] == "length"
+        if flag == "--json-schema" and row["finish_reason"] == "stop":
+            jsonschema.validate(json.loads(row["text"]), json.loads(path.read_text()))
 
 
 @pytest.mark.parametrize("args,message", [
