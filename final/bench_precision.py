@@ -69,16 +69,16 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     fp32 = load_model()
     prompts, texts = quality_data(fp32.tokenizer)
-    reference = engine_model(fp32, "float32", None)
-    greedy = SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
     ref_engine = Engine(fp32.model, fp32.tokenizer, config_for("float32", None), fp32.eos_token_ids,
                         prefetch_masks=False)
+    reference = ref_engine.runner.model  # the model exactly as the engine runs it
+    greedy = SamplingParams(max_new_tokens=64, temperature=0, ignore_eos=True)
     answers = [o.token_ids for o in ref_engine.generate(prompts, greedy)]
     rows = []
     for name in args.variants:
         dtype, quantization = VARIANTS[name]
         loaded = fp32 if dtype == "float32" else load_model(dtype=getattr(torch, dtype))
-        model = engine_model(loaded, dtype, quantization)
+        model = reference if (dtype, quantization) == ("float32", None) else engine_model(loaded, dtype, quantization)
         row = {"variant": name, "dtype": dtype, "quantization": quantization,
                "top1_agreement": sum(top1_agreement(reference, model, p, a) for p, a in zip(prompts, answers)) / len(prompts),
                "perplexity": perplexity(model, texts)}

@@ -21,9 +21,9 @@ tests/test_notebook_freshness.py recomputes both and fails when they differ from
                                                                   # its README quotes (else left as committed)
 
 The command executes the notebook top to bottom first, headless, as tests/test_notebooks.py
-does (quick mode by default: COURSE_QUICK=1; it also sets OMP_NUM_THREADS=1 unless you set it),
-but with matplotlib's inline backend, so the saved outputs keep their plots, refuses to stamp a notebook that raised, and only
-then writes the outputs and the stamp. There is deliberately no way to stamp without executing.
+does (quick mode by default: COURSE_QUICK=1; it also sets OMP_NUM_THREADS=1 unless you set it)
+but with matplotlib's inline backend, so the saved outputs keep their plots. It refuses to stamp
+a notebook that raised, and only then writes the outputs and the stamp. There is deliberately no way to stamp without executing.
 """
 from __future__ import annotations
 

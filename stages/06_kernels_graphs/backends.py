@@ -114,12 +114,17 @@ class TorchPagedBackend(KernelBackend):
         prefills = [(b, starts[b], starts[b + 1], lens[b]) for b, n in enumerate(query_lens) if n > 1]
         return StepPlan(groups, prefills)
 
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
-        if meta.plan is None and not meta.is_decode:
-            return self.reference.forward(layer, q, k, v, meta)
+    def write_kv(self, layer, k, v, meta: KernelMetadata):
+        """The step's new K/V into the layer's pool at their slots; returns the pools."""
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, bs, Hkv, D]
         k_pool.view(-1, *k.shape[1:])[meta.slot_mapping] = k
         v_pool.view(-1, *v.shape[1:])[meta.slot_mapping] = v
+        return k_pool, v_pool
+
+    def forward(self, layer, q, k, v, meta: KernelMetadata):
+        if meta.plan is None and not meta.is_decode:
+            return self.reference.forward(layer, q, k, v, meta)
+        k_pool, v_pool = self.write_kv(layer, k, v, meta)
         if meta.plan is None:  # a captured decode step
             return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens)
         out, bs = torch.empty_like(q), self.cache.block_size
@@ -132,13 +137,14 @@ class TorchPagedBackend(KernelBackend):
         return out
 
 
-class CpuPagedBackend(KernelBackend):
+class CpuPagedBackend(TorchPagedBackend):
     """Every row of every step through cpu_attention.c, read straight from the pool (float32 on
     the CPU): decode rows, the k+1 rows of a speculative verification and prefill chunks alike,
     in one call per layer. A row of a chunk attends to the tokens up to its own position, which
     is the causal mask. On our 2-core CPU, one layer (bench_cpu_kernels.py): 32 decodes of
-    ~200 tokens 2.5 ms grouped SDPA -> 0.42 ms; a 256-token prompt 4.5 -> 1.8 ms (SDPA with a
-    mask is no GEMM-speed flash attention on this CPU)."""
+    100-300 tokens 2.39 ms grouped SDPA -> 0.48 ms; a 256-token prompt beside 16 decodes 4.46 ->
+    2.38 ms (SDPA with a mask is no GEMM-speed flash attention on this CPU). The torch
+    backend's metadata and KV write, its own plan."""
 
     name = "cpu"
 
@@ -151,29 +157,21 @@ class CpuPagedBackend(KernelBackend):
             raise ValueError(f"the cpu attention backend needs its C kernel: {reason}; use the torch backend")
         check_shapes(cache.k[0])
 
-    def build_metadata(self, *, host_lens=None, **kw) -> KernelMetadata:
-        meta = super().build_metadata(**kw)
-        if host_lens or not meta.is_decode:  # a decode step without host lengths needs no plan
-            query_lens, lens = host_lens or (meta.query_lens.tolist(), meta.seq_lens.tolist())
-            meta.plan = StepPlan([], [], self.plan_rows(meta.seq_lens.device, query_lens, lens))
-        return meta
-
-    @staticmethod
-    def plan_rows(device, query_lens: list[int], lens: list[int]) -> NativeRows:
+    def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> StepPlan:
         seqs, row_lens = [], []
         for b, (n, total) in enumerate(zip(query_lens, lens)):
             seqs += [b] * n
             row_lens += range(total - n + 1, total + 1)  # causal: each row sees up to itself
+        device = meta.seq_lens.device
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
+        return StepPlan([], [], NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs),
+                                           as_tensor(row_lens)))
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
         from .cpu_attention import paged_attention_rows
 
-        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-        k_pool.view(-1, *k.shape[1:])[meta.slot_mapping] = k
-        v_pool.view(-1, *v.shape[1:])[meta.slot_mapping] = v
-        if meta.plan is None:  # one row per sequence
+        k_pool, v_pool = self.write_kv(layer, k, v, meta)
+        if meta.plan is None:  # a decode step without host lengths: one row per sequence
             every = torch.arange(meta.seq_lens.shape[0], device=q.device)
             return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, every, every, meta.seq_lens)
         rows = meta.plan.native

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import platform
 import time
-from types import SimpleNamespace
 
 import torch
 
@@ -27,6 +26,7 @@ from course.s01_decode_loop.benchmark import write_json
 
 from .backends import CpuPagedBackend, TorchPagedBackend
 from .fused_model import CpuOps, TorchOps
+from .testing import make_paged_case, one_layer_step
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 SHAPES = {  # name -> (query tokens, total length) per sequence
@@ -39,29 +39,6 @@ SHAPES = {  # name -> (query tokens, total length) per sequence
 }
 
 
-def step(shape, seed: int = 0):
-    """A one-layer cache holding every sequence, and the step's metadata inputs."""
-    g = torch.Generator().manual_seed(seed)
-    widths = [-(-total // BLOCK) for _, total in shape]
-    num_blocks = sum(widths) + 1
-    cache = SimpleNamespace(k=torch.randn(1, num_blocks, BLOCK, KV_HEADS, DIM, generator=g),
-                            v=torch.randn(1, num_blocks, BLOCK, KV_HEADS, DIM, generator=g), block_size=BLOCK)
-    ids = torch.randperm(num_blocks - 1, generator=g).tolist()
-    width, tables, slots, cu = max(widths), [], [], [0]
-    for (new, total), w in zip(shape, widths):
-        table, ids = ids[:w], ids[w:]
-        tables.append(table + [num_blocks - 1] * (width - w))
-        slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(total - new, total)]
-        cu.append(cu[-1] + new)
-    tokens = cu[-1]
-    inputs = dict(positions=torch.zeros(tokens, dtype=torch.long), cu_seqlens_q=torch.tensor(cu),
-                  seq_lens=torch.tensor([t for _, t in shape]), slot_mapping=torch.tensor(slots),
-                  block_tables=torch.tensor(tables), max_query_len=max(n for n, _ in shape),
-                  max_seq_len=max(t for _, t in shape), host_lens=([n for n, _ in shape], [t for _, t in shape]))
-    qkv = [torch.randn(tokens, h, DIM, generator=g) for h in (HEADS, KV_HEADS, KV_HEADS)]
-    return cache, inputs, qkv
-
-
 def timed(fn, reps: int) -> float:
     fn()
     start = time.perf_counter()
@@ -71,25 +48,27 @@ def timed(fn, reps: int) -> float:
 
 
 def measure(shape, reps: int) -> dict:
-    cache, inputs, (q, k, v) = step(shape)
+    """Every backend on its own copy of one shuffled pool (testing.py's case), the same step."""
+    case = make_paged_case([t for _, t in shape], [n for n, _ in shape], num_heads=HEADS, num_kv_heads=KV_HEADS,
+                           head_dim=DIM, block_size=BLOCK)
     runs = {}
-    for name, backend, host in (("gather", TorchPagedBackend(cache), False), ("sdpa", TorchPagedBackend(cache), True),
-                                ("cpu", CpuPagedBackend(cache), True)):
-        if name == "gather" and inputs["max_query_len"] > 1:
+    for name, make, host in (("gather", TorchPagedBackend, False), ("sdpa", TorchPagedBackend, True),
+                             ("cpu", CpuPagedBackend, True)):
+        if name == "gather" and case.max_query_len > 1:
             continue  # the captured path exists for decode-only steps
-        meta = backend.build_metadata(**(inputs | {"host_lens": inputs["host_lens"] if host else None}))
-        runs[name] = (backend, meta)
-    outs = {name: b.forward(0, q, k, v, m) for name, (b, m) in runs.items()}
+        runs[name] = one_layer_step(case, make, host)
+    outs = {name: b.forward(0, case.q, k, v, m) for name, (b, m, (k, v)) in runs.items()}
     err = max((outs[n] - outs["sdpa"]).abs().max().item() for n in outs)
-    ms = {name: 1e3 * timed(lambda b=b, m=m: b.forward(0, q, k, v, m), reps) for name, (b, m) in runs.items()}
+    ms = {name: 1e3 * timed(lambda b=b, m=m, k=k, v=v: b.forward(0, case.q, k, v, m), reps)
+          for name, (b, m, (k, v)) in runs.items()}
     return {"ms": ms, "max_abs_diff": err, "cpu_speedup_vs_sdpa": ms["sdpa"] / ms["cpu"]}
 
 
 def layer_ops(ops, tokens: int, hidden: int = 576, intermediate: int = 1536):
     """One layer's small ops on fresh inputs, as FusedLayer calls them."""
     g = torch.Generator().manual_seed(tokens)
-    x, residual, weight = (torch.randn(tokens, hidden, generator=g) for _ in range(3))
-    weight = weight[0]
+    x, residual = torch.randn(tokens, hidden, generator=g), torch.randn(tokens, hidden, generator=g)
+    weight = torch.randn(hidden, generator=g)
     qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * DIM, generator=g)
     q = qkv[:, :HEADS * DIM].view(tokens, HEADS, DIM)
     k = qkv[:, HEADS * DIM:(HEADS + KV_HEADS) * DIM].view(tokens, KV_HEADS, DIM)

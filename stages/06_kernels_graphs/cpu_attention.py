@@ -3,8 +3,8 @@
 Why C, in a Python course: on the CPU Triton does not compile (CI runs its kernels through
 the interpreter), and PyTorch cannot read a paged pool in place: every torch formulation
 first gathers each sequence's blocks into a padded copy, then attends to the copy. On our
-2-core CPU that copy and the padded SDPA after it cost 3.0 ms per layer for 32 decodes of
-100-300 tokens, 30 layers a step; reading the blocks where they lie costs 0.47 ms
+2-core CPU that copy and the padded SDPA after it cost 2.4 ms per layer for 32 decodes of
+100-300 tokens, 30 layers a step; reading the blocks where they lie costs 0.48 ms
 (bench_cpu_kernels.py). vLLM for CPU ships C++ attention kernels for the same reason. The kernel is the Triton decode kernel's
 algorithm (online softmax over the block table), one loop nest per (row, KV head).
 

@@ -63,14 +63,9 @@ class Int8Linear(nn.Module):
 
 
 def quantize_linears(module: nn.Module, max_int8_rows: int = 8, parts: int = 1) -> nn.Module:
-    """Replace, in place, every nn.Linear (or SplitLinear) under `module` with an Int8Linear."""
-    from .split_linear import SplitLinear
-
+    """Replace, in place, every nn.Linear under `module` with an Int8Linear (each splits its
+    float path over `parts` itself; the engine quantizes instead of splitting, never both)."""
     for name, child in module.named_children():
-        if isinstance(child, SplitLinear):
-            plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-            plain.weight, plain.bias = child.weight, child.bias
-            child = plain
         if isinstance(child, nn.Linear):
             setattr(module, name, Int8Linear(child, max_int8_rows, parts))
         else:

@@ -83,3 +83,29 @@ def reference_attention(case: PagedCase, scale: float | None = None) -> torch.Te
 def nan_like(x: torch.Tensor) -> torch.Tensor:
     """An output buffer that shows every element the kernel forgot to write."""
     return torch.full_like(x, float("nan"))
+
+
+def one_layer_step(case: PagedCase, make_backend, host: bool = True):
+    """The case's pool as a one-layer cache behind `make_backend(cache)`, and the step's metadata.
+    The step writes each new token's K/V back to its own slot (so the pool is unchanged and the
+    oracle still applies); returns (backend, metadata, (k, v) of the new tokens). The pool is made
+    finite (the engine's is: padded reads stay finite); `host`: the runner's host lengths, or none."""
+    from types import SimpleNamespace
+
+    k_pool = torch.nan_to_num(case.k_cache, nan=7.0)
+    v_pool = torch.nan_to_num(case.v_cache, nan=-7.0)
+    cache = SimpleNamespace(k=k_pool[None].clone(), v=v_pool[None].clone(), block_size=case.k_cache.shape[1])
+    bs, slots, positions = cache.block_size, [], []
+    tables = case.block_tables.long()
+    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
+        for p in range(total - new, total):
+            positions.append(p)
+            slots.append(tables[b, p // bs].item() * bs + p % bs)
+    backend = make_backend(cache)
+    host_lens = (case.query_lens, case.seq_lens.tolist()) if host else None
+    meta = backend.build_metadata(positions=torch.tensor(positions), cu_seqlens_q=case.cu_seqlens_q.long(),
+                                  seq_lens=case.seq_lens.long(), slot_mapping=torch.tensor(slots),
+                                  block_tables=tables, max_query_len=case.max_query_len,
+                                  max_seq_len=max(case.seq_lens.tolist()), host_lens=host_lens)
+    flat = cache.k[0].flatten(0, 1)[torch.tensor(slots)], cache.v[0].flatten(0, 1)[torch.tensor(slots)]
+    return backend, meta, flat

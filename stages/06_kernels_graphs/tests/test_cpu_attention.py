@@ -1,14 +1,12 @@
 """cpu_attention.c against the oracle (stage 03's gather + stage 01's causal attention), the
 CPU backend against the torch backend, and what happens where no C compiler is."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from course.s06_kernels_graphs import native
 from course.s06_kernels_graphs.backends import CpuPagedBackend, TorchPagedBackend
 from course.s06_kernels_graphs.cpu_attention import check_shapes, kernel_unavailable, paged_attention_rows
-from course.s06_kernels_graphs.testing import make_paged_case, reference_attention
+from course.s06_kernels_graphs.testing import make_paged_case, one_layer_step, reference_attention
 
 
 def every_row(case):
@@ -73,32 +71,16 @@ def test_shapes_the_kernel_does_not_take_are_refused():
         check_shapes(torch.zeros(4, 16, 1, 8), query_heads=32)
 
 
-def _one_layer_cache(case):
-    k = torch.nan_to_num(case.k_cache, nan=7.0)[None].clone()
-    return SimpleNamespace(k=k, v=torch.nan_to_num(case.v_cache, nan=-7.0)[None].clone(),
-                           block_size=case.k_cache.shape[1])
-
-
 @pytest.mark.parametrize("host", [True, False])  # lengths from the runner, or read back once
 def test_cpu_backend_equals_the_torch_backend(host):
     case = make_paged_case([7, 33, 1, 50, 16, 90], [1, 5, 1, 1, 16, 40], num_heads=6, num_kv_heads=2, head_dim=16,
                            block_size=4, seed=3)
-    tables, bs = case.block_tables.long(), 4
-    slots, positions = [], []
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        for p in range(total - new, total):
-            positions.append(p)
-            slots.append(tables[b, p // bs].item() * bs + p % bs)
     outputs = []
-    for backend in (CpuPagedBackend(_one_layer_cache(case)), TorchPagedBackend(_one_layer_cache(case))):
-        meta = backend.build_metadata(
-            positions=torch.tensor(positions), cu_seqlens_q=case.cu_seqlens_q.long(), seq_lens=case.seq_lens.long(),
-            slot_mapping=torch.tensor(slots), block_tables=tables, max_query_len=case.max_query_len,
-            max_seq_len=90, host_lens=(case.query_lens, case.seq_lens.tolist()) if host else None)
+    for make in (CpuPagedBackend, TorchPagedBackend):
+        backend, meta, (k_new, v_new) = one_layer_step(case, make, host)
         if backend.name == "cpu":  # every row, each seeing its sequence up to its own position
             assert meta.plan.native.rows.tolist() == list(range(sum(case.query_lens)))
             assert meta.plan.native.lens.tolist()[1:6] == [29, 30, 31, 32, 33]  # the 5-token chunk of 33
-        k_new, v_new = backend.cache.k[0].flatten(0, 1)[slots], backend.cache.v[0].flatten(0, 1)[slots]
         outputs.append(backend.forward(0, case.q, k_new, v_new, meta))
     torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outputs[0], reference_attention(case), atol=1e-5, rtol=1e-5)
@@ -113,7 +95,7 @@ def test_without_a_compiler_the_backend_says_why(tmp_path, monkeypatch):
         assert reason and "no C compiler" in reason
         case = make_paged_case([5], [1], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
         with pytest.raises(ValueError, match="needs its C kernel"):
-            CpuPagedBackend(_one_layer_cache(case))
+            one_layer_step(case, CpuPagedBackend)
     finally:
         monkeypatch.undo()
         native.forget_loaded()

@@ -1,33 +1,14 @@
 """The PyTorch backend's planned eager step (decode rows in length-sorted groups, prefill
 chunks alone, both through SDPA) against stage 03's per-sequence reference and the oracle."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 from course.s06_kernels_graphs.backends import TorchPagedBackend
-from course.s06_kernels_graphs.testing import make_paged_case, reference_attention
+from course.s06_kernels_graphs.testing import make_paged_case, one_layer_step, reference_attention
 
 
 def _backend_and_meta(case, batched: bool, host: bool = True, decode_group: int = 2):
-    """The case's pool as a one-layer cache; the step writes each new token's K/V back to its
-    own slot (so the pool is unchanged and the oracle still applies)."""
-    k_pool = torch.nan_to_num(case.k_cache, nan=7.0)  # the engine's pool is finite: padding reads stay finite
-    v_pool = torch.nan_to_num(case.v_cache, nan=-7.0)
-    cache = SimpleNamespace(k=k_pool[None].clone(), v=v_pool[None].clone(), block_size=case.k_cache.shape[1])
-    bs, slots, positions = cache.block_size, [], []
-    tables = case.block_tables.long()
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        for p in range(total - new, total):
-            positions.append(p)
-            slots.append(tables[b, p // bs].item() * bs + p % bs)
-    backend = TorchPagedBackend(cache, batched=batched, decode_group=decode_group)
-    host_lens = (case.query_lens, case.seq_lens.tolist()) if host else None
-    meta = backend.build_metadata(positions=torch.tensor(positions), cu_seqlens_q=case.cu_seqlens_q.long(),
-                                  seq_lens=case.seq_lens.long(), slot_mapping=torch.tensor(slots),
-                                  block_tables=tables, max_query_len=case.max_query_len,
-                                  max_seq_len=max(case.seq_lens.tolist()), host_lens=host_lens)
-    flat = cache.k[0].flatten(0, 1)[torch.tensor(slots)], cache.v[0].flatten(0, 1)[torch.tensor(slots)]
-    return backend, meta, flat
+    return one_layer_step(case, lambda cache: TorchPagedBackend(cache, batched=batched, decode_group=decode_group),
+                          host)
 
 
 @pytest.mark.parametrize("seq_lens, query_lens", [
