@@ -384,13 +384,23 @@ class _Converter(_Flattener, _Builder):
         return good
 
 
-def _without_dead_refs(expr: Expr, productive: set) -> Expr:
+def _without_dead_refs(expr: Expr, productive: set, memo: dict | None = None) -> Expr:
+    """expr with references to unproductive rules made impossible. A part with no such reference
+    is returned as it is, and one part gives one result (memo by id): a piece used in two places
+    stays one object, which the automaton builds once (nfa.py)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(expr))
+    if hit is not None:
+        return hit[0]
+    out = expr
     if isinstance(expr, Ref):
-        return expr if expr.name in productive else NEVER
-    if isinstance(expr, Seq):
-        return _seq(*(_without_dead_refs(it, productive) for it in expr.items))
-    if isinstance(expr, Alt):
-        return _alt(*(_without_dead_refs(it, productive) for it in expr.items))
-    if isinstance(expr, Repeat):
-        return _repeat(_without_dead_refs(expr.item, productive), expr.min, expr.max)
-    return expr
+        out = expr if expr.name in productive else NEVER
+    elif isinstance(expr, (Seq, Alt)):
+        items = [_without_dead_refs(it, productive, memo) for it in expr.items]
+        if any(a is not b for a, b in zip(items, expr.items)):
+            out = _seq(*items) if isinstance(expr, Seq) else _alt(*items)
+    elif isinstance(expr, Repeat):
+        item = _without_dead_refs(expr.item, productive, memo)
+        out = expr if item is expr.item else _repeat(item, expr.min, expr.max)
+    memo[id(expr)] = (out, expr)                   # keep expr alive: its id stays unique
+    return out

@@ -7,7 +7,7 @@ import json
 import re
 
 from .budget import LimitExceeded
-from .grammar import EMPTY, Expr, GrammarError, Ref, chars, lit, opt, repeat, star
+from .grammar import EMPTY, CharClass, Expr, GrammarError, Ref, Seq, chars, lit, opt, repeat, star
 from .json_schema_defaults import DefaultBounds
 from .json_schema_keywords import (BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, _same_json,
                                    canonical_json)
@@ -17,6 +17,9 @@ from .json_schema_values import (DIGIT, NONZERO, FORMATS, LOOSE_FORMATS, MAX_DIG
                                  _ends_with_anchor, _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat,
                                  _safe_escape, _seq, _top_level_alternatives, digit_count, integer_range, matches)
 from .regex_parser import parse_regex
+
+PLAIN_ASCII = CharClass.of([(lo, min(hi, 0x7F)) for lo, hi in PLAIN.ranges if lo < 0x80])
+PLAIN_NON_ASCII = CharClass.of([(max(lo, 0x80), hi) for lo, hi in PLAIN.ranges if hi >= 0x80])
 
 
 class _Builder:
@@ -324,7 +327,10 @@ class _Builder:
             after = self.named(f"{hint}_rest{i + 1}", after)  # used up to three times below
             member = _seq(lit(json.dumps(name, ensure_ascii=False)), lit(": "),
                           self.named(f"{hint}_{name}", value))
-            take_after, take_first = _seq(lit(", "), member, after), _seq(member, after)
+            # One object for "this member and the rest", with or without ", " before it: the
+            # automaton builds it once (nfa.py), not once per way of reaching it.
+            take_first = _seq(member, after)
+            take_after = Seq((lit(", "), take_first)) if take_first != NEVER else NEVER
             if required:
                 after, first = take_after, take_first
             else:
@@ -360,13 +366,22 @@ class _Builder:
             node, depth = todo.pop()
             order.append((node, depth))
             todo.extend((node[c], depth + 1) for c in node if c is not None)
+        # Leaving the trie ends the same way at every node: one object for it (built once,
+        # nfa.py), and one for leaving by a non-ASCII character or an escape, which no node's
+        # ASCII letters change; only the ASCII part of "any other character" is per node.
+        tail = star(key_char)
+        other = _alt(PLAIN_NON_ASCII, _seq(lit("\\"), escape))
+        leave_other = _seq(other, tail)
         built: dict[int, Expr] = {}
         for node, depth in reversed(order):         # each child before its parent
             inside = sorted(c for c in node if c is not None)
             options = [] if None in node else [EMPTY]
             options += [_seq(lit(c), built.pop(id(node[c]))) for c in inside]
-            leave = _alt(_class_minus(PLAIN, [ord(c) for c in inside]), _seq(lit("\\"), escape))
-            options.append(_seq(leave, star(key_char)))
+            if all(ord(c) < 0x80 for c in inside):
+                options += [_seq(_class_minus(PLAIN_ASCII, [ord(c) for c in inside]), tail), leave_other]
+            else:
+                leave = _alt(_class_minus(PLAIN, [ord(c) for c in inside]), _seq(lit("\\"), escape))
+                options.append(_seq(leave, tail))
             expr = _alt(*options)
             built[id(node)] = self.named(f"{hint}_key{depth}", expr) if depth % 16 == 15 else expr
         return built[id(trie)]

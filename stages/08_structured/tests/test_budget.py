@@ -106,7 +106,7 @@ def test_budget_refuses_huge_counts_fast(schema):
     {"type": "string", "pattern": "^(a{1000}){1000}$"},           # each count is fine, the product is not
     {"type": "string", "pattern": "^((((a{50}){50}){50}){50})$"},
     {"type": "string", "maxLength": 5000},                          # ~29 states per bounded character
-    {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100},
+    {"type": "array", "prefixItems": [{"type": "string", "maxLength": 100}] * 30},   # 30 different bounded strings
     {"enum": ["x" * 30_000]},                                       # one long literal
 ])
 def test_budget_refuses_grammars_too_big_to_build_before_building_them(schema):
