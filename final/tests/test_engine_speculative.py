@@ -191,9 +191,9 @@ def test_lookup_acceptance_counts_are_consistent(byte_tok):
     assert torch.tensor(engine.accepted_per_position).diff().le(0).all()  # position i+1 needs i accepted
 
 
-def random_eagle(model, seed=0):
+def random_eagle(model, seed=0, draft_vocab=None):
     torch.manual_seed(seed)
-    head = EagleHead(model.config)
+    head = EagleHead(model.config, draft_vocab)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.05)
     return EagleSource(head.eval(), model)
@@ -218,6 +218,21 @@ def test_eagle_sampled_requests_reproduce_and_use_the_draft_distribution(byte_to
     params = SamplingParams(max_new_tokens=12, temperature=0.7, seed=5)
     first, engine, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model))
     second, _, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model))
+    assert first == second and engine.spec_stats.proposed > 0
+
+
+def test_eagle_with_a_draft_vocabulary_keeps_greedy_tokens_and_reproduces_samples(byte_tok):
+    """A reduced draft vocabulary (stage 05) drafts only its own tokens; verification still
+    emits the target's, and seeded sampling (drafts with zero mass outside) reproduces."""
+    model = tiny_model("gqa_tied")
+    vocab = torch.arange(0, 256, 3)  # a third of the byte tokens: many target tokens can't be drafted
+    source = random_eagle(model, draft_vocab=vocab)
+    got, engine, _ = speculative(model, byte_tok, GREEDY, "tight", drafter=source)
+    assert got == reference(model, byte_tok, GREEDY, "tight")
+    assert engine.spec_stats.proposed > 0
+    params = SamplingParams(max_new_tokens=12, temperature=0.7, seed=5)
+    first, engine, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model, draft_vocab=vocab))
+    second, _, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model, draft_vocab=vocab))
     assert first == second and engine.spec_stats.proposed > 0
 
 

@@ -14,6 +14,12 @@ The head borrows the target's embedding and lm_head (frozen, not stored) and own
 one decoder layer: about 4M parameters for SmolLM2-135M. It keeps its own one-layer KV cache
 over positions; entries built from true target features are kept across steps, entries from
 its own guesses are dropped after each verification.
+
+A reduced draft vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3): a head may carry
+`draft_vocab`, the ids of the tokens it may propose (the target's most frequent outputs).
+Drafting then reads only those rows of the target's lm_head (8k of 49k rows: a draft token's
+logits cost a sixth), and every other token gets -inf: it is never drafted. Verification is
+untouched, so the output stays the target's; a rare token only costs one missed draft.
 """
 from __future__ import annotations
 
@@ -39,13 +45,18 @@ DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # train
 
 
 class EagleHead(nn.Module):
-    def __init__(self, target_config: ModelConfig):
+    def __init__(self, target_config: ModelConfig, draft_vocab: torch.Tensor | None = None):
         super().__init__()
         self.config = dataclasses.replace(target_config, num_hidden_layers=1)
         h = self.config.hidden_size
         self.fc = nn.Linear(2 * h, h)
         self.layer = DecoderLayer(self.config, 0)
         self.rotary_emb = RotaryEmbedding(self.config)
+        if draft_vocab is not None:  # a buffer: saved with the head, moved with .to(device)
+            self.register_buffer("draft_vocab", torch.as_tensor(draft_vocab, dtype=torch.int64).sort().values)
+        else:
+            self.draft_vocab = None
+        self._draft_rows: tuple[torch.Tensor, torch.Tensor] | None = None  # (lm_head weight, its rows)
 
     def forward(self, features: torch.Tensor, token_embeds: torch.Tensor, attn: AttentionBackend,
                 meta: AttentionMetadata) -> torch.Tensor:
@@ -55,15 +66,29 @@ class EagleHead(nn.Module):
         cos, sin = self.rotary_emb(meta.positions)
         return self.layer(x, cos, sin, attn, meta)
 
+    def draft_logits(self, target: CausalLM, features: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits of predicted features [n, h] -> [n, vocab]: the target's own
+        lm_head, or with a draft vocabulary only its rows (the rest -inf: never drafted)."""
+        if self.draft_vocab is None:
+            return target.compute_logits(features)
+        weight = target.lm_head.weight
+        if self._draft_rows is None or self._draft_rows[0] is not weight:  # sliced once per target
+            self._draft_rows = (weight, weight.detach()[self.draft_vocab].contiguous())
+        small = torch.nn.functional.linear(features, self._draft_rows[1]).float()
+        full = small.new_full((features.shape[0], self.config.vocab_size), float("-inf"))
+        full[:, self.draft_vocab] = small
+        return full
+
     def save(self, path: str | Path, meta: dict | None = None) -> None:
-        tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items()}
+        tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).detach().contiguous()
+                   for k, v in self.state_dict().items()}
         save_file(tensors, str(path), metadata={k: str(v) for k, v in (meta or {}).items()})
 
     @classmethod
     def load(cls, path: str | Path, target: CausalLM) -> "EagleHead":
-        head = cls(target.config)
         state = load_file(str(path))
-        head.load_state_dict({k: v.to(target.dtype) for k, v in state.items()})
+        head = cls(target.config, state.get("draft_vocab"))
+        head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v for k, v in state.items()})
         return head.to(target.device).eval()
 
 
@@ -117,9 +142,9 @@ class EagleDrafter(Drafter):
             nonlocal predicted
             token_ids = torch.tensor([token], device=predicted.device)
             predicted = self._step(predicted[None], token_ids, position + i)[-1]
-            return self.target.compute_logits(predicted[None])[0]
+            return self.head.draft_logits(self.target, predicted[None])[0]
 
-        return draft_chain(self.target.compute_logits(predicted[None])[0], after, k, seq, self.generator)
+        return draft_chain(self.head.draft_logits(self.target, predicted[None])[0], after, k, seq, self.generator)
 
     @torch.no_grad()
     def propose_tree(self, seq: Sequence, depth: int, top_k: int = 4, max_nodes: int = 16) -> Tree:
@@ -134,7 +159,7 @@ class EagleDrafter(Drafter):
         tree, scores, feature_in, slots = Tree(), [], {}, []  # slots: node expanded at each slot
 
         def add_children(parent: int, predicted: torch.Tensor, parent_score: float) -> list[int]:
-            logp = torch.log_softmax(self.target.compute_logits(predicted[None])[0], dim=-1)
+            logp = torch.log_softmax(self.head.draft_logits(self.target, predicted[None])[0], dim=-1)
             top = torch.topk(logp, top_k)
             born = []
             for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
