@@ -21,8 +21,11 @@ position, are all the run-time ever reads:
 Sizes are known before anything is built: `nfa_states(expr)` counts the states the Thompson
 construction will create (a repetition {m,n} costs n copies of its item), so a runaway count
 is refused in microseconds instead of after building half a million states. With a
-CompileBudget, the whole grammar must fit in `max_states` states, the automaton is checked
-again as it is determinised, and the budget's deadline is checked per state.
+CompileBudget, the whole grammar must be built in `max_build_states` states (checked before
+building and again as each rule is determinised), and the budget's deadline is checked per state.
+
+Then positions that behave the same, in any rules, are merged into one (minimize.py): what is
+left, each with a mask to precompute, must fit in `max_states`.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from .budget import CompileBudget, LimitExceeded
 from .grammar import Grammar, GrammarError
 from .inlining import inline_rules
+from .minimize import minimize
 from .nfa import (MAX_NFA_STATES, _NFA, class_sequences, literal_trie, nfa_states,  # noqa: F401 (importable
                   utf8_sequences)                                                  # from here, as before)
 
@@ -81,8 +85,8 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
         if len(order) > MAX_DFA_STATES:
             raise GrammarError(f"rule {nfa.rule!r} needs over {MAX_DFA_STATES} automaton states; simplify it")
         if room is not None and len(order) > room:
-            raise LimitExceeded("max_states", budget.max_states, "the grammar's automaton grows past "
-                                f"{budget.max_states} states while rule {nfa.rule!r} is determinised")
+            raise LimitExceeded("max_build_states", budget.max_build_states, "the grammar's automaton grows "
+                                f"past {budget.max_build_states} states while rule {nfa.rule!r} is determinised")
         budget.check()
     return _RuleDFA(byte_edges, call_edges, final)
 
@@ -112,9 +116,12 @@ class Automaton:
         return len(self.trans)
 
 
-def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudget | None = None) -> Automaton:
+def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudget | None = None,
+                      minimize_positions: bool = True) -> Automaton:
     """The position tables of a grammar. With a budget: refused before anything is built if the
-    grammar needs more than max_states states, and stopped at the deadline or on cancel()."""
+    grammar needs more than max_build_states states, refused after merging equivalent positions
+    (minimize.py) if more than max_states are left, and stopped at the deadline or on cancel().
+    minimize_positions=False keeps every (rule, state) as its own position (to see what merging buys)."""
     budget = budget or CompileBudget.unlimited()
     if inline:
         grammar = inline_rules(grammar, budget)
@@ -125,7 +132,7 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
         nfa = _NFA(name, budget)
         start, accept = nfa.new(), nfa.new()
         nfa.build(body, start, accept)
-        room = None if budget.max_states is None else budget.max_states - used
+        room = None if budget.max_build_states is None else budget.max_build_states - used
         dfas[name] = _determinize(nfa, start, accept, room)
         used += len(dfas[name].final)
     base, names = {}, list(dfas)
@@ -133,19 +140,38 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     for name in names:
         base[name] = total
         total += len(dfas[name].final)
-    trans, calls, final, rule_of = [], [], [], []
+    # Every (rule, state) as a global position, edges sparse: then merge equivalent ones.
+    final, edges, call_edges, rule_of = [], [], [], []
     for name in names:
         dfa, off = dfas[name], base[name]
         for st in range(len(dfa.final)):
-            if st & 1023 == 0:
-                budget.check()
-            row = [-1] * 256
-            for lo, hi, t in dfa.byte_edges[st]:
-                row[lo:hi + 1] = [off + t] * (hi - lo + 1)
-            trans.append(row)
-            calls.append(tuple((base[r], off + t) for r, t in dfa.call_edges[st]))
             final.append(dfa.final[st])
+            edges.append(tuple((lo, hi, off + t) for lo, hi, t in dfa.byte_edges[st]))
+            call_edges.append(tuple((base[r], off + t) for r, t in dfa.call_edges[st]))
             rule_of.append(name)
+    if minimize_positions:
+        merged, count = minimize(final, edges, call_edges, budget)
+    else:
+        merged, count = list(range(total)), total
+    budget.at_most("max_states", count, f"the grammar needs {count} automaton states after merging equivalent "
+                   f"ones ({total} built)")
+    first = {}                                     # merged id -> one position it stands for
+    for pos in range(total):
+        first.setdefault(merged[pos], pos)
+    trans, calls, new_final, new_rule_of = [], [], [], []
+    for new in range(count):
+        if new & 1023 == 0:
+            budget.check()
+        pos = first[new]
+        row = [-1] * 256
+        for lo, hi, t in edges[pos]:
+            row[lo:hi + 1] = [merged[t]] * (hi - lo + 1)
+        trans.append(row)
+        calls.append(tuple((merged[c], merged[r]) for c, r in call_edges[pos]))
+        new_final.append(final[pos])
+        new_rule_of.append(rule_of[pos])
+    final, rule_of, total = new_final, new_rule_of, count
+    base = {name: merged[start] for name, start in base.items()}
     scannable = [any(t >= 0 for t in row) for row in trans]
     pure_end = [final[p] and not scannable[p] and not calls[p] for p in range(total)]
     auto = Automaton(names, base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root])
@@ -155,11 +181,11 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
 
 def _check_size(grammar: Grammar, budget: CompileBudget) -> None:
     """Refuse, before building anything, a rule over MAX_NFA_STATES states (always) or a grammar
-    over the budget's max_states (its automaton has about as many positions as NFA states)."""
+    over the budget's max_build_states (its automaton has about as many states as its NFA)."""
     sizes = {name: 2 + nfa_states(body) for name, body in grammar.rules.items()}
     total = sum(sizes.values())
     biggest = max(sizes, key=sizes.get)
-    budget.at_most("max_states", total, f"the grammar needs {total} automaton states (rule {biggest!r} "
+    budget.at_most("max_build_states", total, f"the grammar needs {total} automaton states (rule {biggest!r} "
                    f"alone {sizes[biggest]}: long literals and repetition counts multiply)")
     if sizes[biggest] > MAX_NFA_STATES:
         raise GrammarError(f"rule {biggest!r} is too large to compile ({sizes[biggest]} states, over "

@@ -262,9 +262,17 @@ class _Builder:
             return self.helper("object")
         undeclared = [n for n in required if n not in props]
         if undeclared and self.strict and f.kw.get("additionalProperties") is None:
-            raise SchemaError(f"required property {undeclared[0]!r} at {f.where['required']} is not "
-                              "in 'properties', and strict mode allows no other properties "
-                              "(declare it, or set additionalProperties)")
+            if self.relaxer.mode == "strict":
+                raise SchemaError(f"required property {undeclared[0]!r} at {f.where['required']} is not "
+                                  "in 'properties', and strict mode allows no other properties "
+                                  "(declare it, or set additionalProperties)")
+            # Best-effort: the schema means the property exists (drone-ci's volumes name it in
+            # a oneOf branch, its schema nowhere); the strict reading would make the object
+            # impossible. Allow it, with any value.
+            self.relaxer.relax("required", f.where["required"],
+                               f"required {', '.join(map(repr, undeclared))} not declared in 'properties' "
+                               "(the strict reading allows no other properties)", "allowed with any value")
+            props, undeclared = {**props, **{n: [] for n in undeclared}}, []
         names = [n for n in list(props) + undeclared if n not in absent]
         if any(_has_surrogate(n) for n in names + absent):
             raise UnsupportedSchemaError("properties", f.where.get("properties", f.where.get("required")),

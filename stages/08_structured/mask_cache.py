@@ -45,8 +45,23 @@ class VocabMatrix:
         self.by_first_byte = np.argsort(self.bytes[:, 0], kind="stable")
         self.first_byte_start = np.searchsorted(self.bytes[self.by_first_byte, 0], np.arange(257))
 
+        # past_end[row, j]: column j is padding (past the token's last byte)
+        self.past_end = np.arange(self.bytes.shape[1]) >= self.lengths[:, None]
+        self._made_of: dict[bytes, np.ndarray] = {}
+
     def __len__(self) -> int:
         return len(self.ids)
+
+    def made_of(self, byteset: np.ndarray) -> np.ndarray:
+        """bool [rows]: the tokens whose every byte is in `byteset` (bool [256]). Kept per byte
+        set: a grammar's free-text positions share a handful of them."""
+        key = np.packbits(byteset).tobytes()
+        rows = self._made_of.get(key)
+        if rows is None:
+            if len(self._made_of) >= 256:
+                self._made_of.clear()
+            rows = self._made_of[key] = (byteset[self.bytes] | self.past_end).all(axis=1)
+        return rows
 
 
 @dataclass
@@ -89,13 +104,23 @@ def classify_position(pda: PDA, pos: int, vocab: VocabMatrix, budget: CompileBud
     start = pda.state([pda.node(pos, UNKNOWN)])
     states, local = [start], {start: 0}             # local number -> PDA state id, and back
     state = np.zeros(n, dtype=np.int64)             # each token's local state so far
+    row = np.array(pda.auto.trans[pos])
+    # A loop at this position (a string's characters): a token made only of bytes that lead
+    # straight back here stays alive to its end, whatever else the stack holds. Decided at
+    # once, these are most of the vocabulary at a free-text position; the walk is for the rest.
+    loops = row == pos
+    inside = vocab.made_of(loops) if loops.any() else None
+    if inside is not None:
+        verdict[inside] = 1
     groups = []
-    for b in np.flatnonzero(np.array(pda.auto.trans[pos]) >= 0).tolist():
+    for b in np.flatnonzero(row >= 0).tolist():
         nxt = pda.step(start, b)
         local.setdefault(nxt, len(states))
         if local[nxt] == len(states):
             states.append(nxt)
         rows = vocab.by_first_byte[vocab.first_byte_start[b]:vocab.first_byte_start[b + 1]]
+        if inside is not None and loops[b]:
+            rows = rows[~inside[rows]]
         state[rows] = local[nxt]
         groups.append(rows)
     alive = np.concatenate(groups) if groups else np.zeros(0, dtype=np.int64)

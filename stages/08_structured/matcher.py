@@ -54,19 +54,22 @@ class CompiledGrammar:
 
 
 def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True,
-                    inline: bool = True, *, budget: CompileBudget | None = None) -> CompiledGrammar:
+                    inline: bool = True, *, budget: CompileBudget | None = None,
+                    minimize: bool = True) -> CompiledGrammar:
     """Build the automaton and (by default) every position's context-independent mask now,
     before any request needs them; precompute=False fills them lazily on first use.
-    inline=False keeps every rule separate (to see what inlining buys).
+    inline=False keeps every rule separate (to see what inlining buys); minimize=False keeps
+    every position as built, equivalent ones too (to see what merging them buys).
 
-    `budget` bounds this call: the automaton's size (max_states, checked before it is built),
+    `budget` bounds this call: the automaton's size (max_build_states, checked before it is
+    built; max_states, checked once equivalent positions are merged),
     and the deadline and cancel() for everything done here, mask precomputation included.
     Masks filled lazily later, at generation time, are outside it. Raises LimitExceeded /
     CompileTimeout (GrammarErrors) or CompileCancelled; never RecursionError."""
     t0 = time.perf_counter()
     budget = budget or CompileBudget.unlimited()
     with recursion_guard("the grammar"):
-        auto = compile_automaton(grammar, inline=inline, budget=budget)
+        auto = compile_automaton(grammar, inline=inline, budget=budget, minimize_positions=minimize)
         compiled = CompiledGrammar(grammar, info, auto, PDA(auto), vocab_matrix(info))
         if precompute:
             for pos in range(auto.num_positions):

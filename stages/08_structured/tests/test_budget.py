@@ -107,16 +107,22 @@ def test_budget_refuses_huge_counts_fast(schema):
     {"type": "string", "pattern": "^((((a{50}){50}){50}){50})$"},
     {"type": "string", "maxLength": 5000},                          # ~29 states per bounded character
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 100}] * 30},   # 30 different bounded strings
-    {"enum": ["x" * 30_000]},                                       # one long literal
+    {"enum": ["x" * 70_000]},                                       # one long literal
 ])
 def test_budget_refuses_grammars_too_big_to_build_before_building_them(schema):
-    assert "automaton states" in refused(schema, "max_states")
+    assert "automaton states" in refused(schema, "max_build_states")
 
 
 def test_budget_refuses_an_automaton_that_blows_up_while_determinised():
     # A small NFA whose DFA needs 2^14 states: "an a 13 characters before the end".
     schema = {"type": "string", "pattern": "^(a|b)*a(a|b){13}$"}
-    assert "determinised" in refused(schema, "max_states", CompileBudget(max_states=2000))
+    assert "determinised" in refused(schema, "max_build_states", CompileBudget(max_build_states=2000))
+
+
+def test_budget_counts_positions_after_merging_equivalent_ones():
+    # 30,000 built states (one long literal: nothing merges) are allowed to be built, then
+    # refused for the masks they would need.
+    assert "after merging" in refused({"enum": ["x" * 30_000]}, "max_states")
 
 
 def test_budget_refuses_huge_integer_bounds_fast():

@@ -97,3 +97,21 @@ def test_unknown_mode_is_an_error():
         Relaxer("lenient")
     with pytest.raises(ValueError):
         json_schema_to_grammar({}, mode="lenient")
+
+
+def test_a_required_property_never_declared_is_allowed_with_any_value_in_best_effort():
+    # drone-ci's volumes: a oneOf branch requires "path", which no "properties" declares. The
+    # strict reading (no undeclared properties) makes such an object impossible: strict mode
+    # refuses it, best-effort allows the property with any value and says so.
+    from course.s08_structured.json_schema_keywords import SchemaError
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name", "path"]}
+    with pytest.raises(SchemaError, match="'path'"):
+        json_schema_to_grammar(schema, mode=STRICT)
+    grammar = json_schema_to_grammar(schema, mode=BEST_EFFORT)
+    assert [(w.feature, w.pointer) for w in grammar.warnings] == [("required", "#")]
+    assert "'path'" in str(grammar.warnings[0])
+    for value in ({"name": "v", "path": 1}, {"name": "v", "path": {"a": [True]}}):
+        assert accepts(grammar, canonical_json(value)) and jsonschema.Draft202012Validator(schema).is_valid(value)
+    for value in ({"name": "v"}, {"name": "v", "path": 1, "other": 2}):
+        assert not accepts(grammar, canonical_json(value))
