@@ -12,6 +12,7 @@ from .json_schema_defaults import DefaultBounds
 from .json_schema_keywords import (BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, _same_json,
                                    canonical_json)
 from .json_schema_merge import _Flat, _int_bounds
+from .json_schema_modes import STRICT
 from .json_schema_numbers import as_decimal, number_range
 from .json_schema_values import (DIGIT, NONZERO, FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, PLAIN, _alt, _class_minus,
                                  _ends_with_anchor, _has_surrogate, _in_class, _json_safe, _PendingRule, _repeat,
@@ -262,7 +263,7 @@ class _Builder:
             return self.helper("object")
         undeclared = [n for n in required if n not in props]
         if undeclared and self.strict and f.kw.get("additionalProperties") is None:
-            if self.relaxer.mode == "strict":
+            if self.relaxer.mode == STRICT:
                 raise SchemaError(f"required property {undeclared[0]!r} at {f.where['required']} is not "
                                   "in 'properties', and strict mode allows no other properties "
                                   "(declare it, or set additionalProperties)")

@@ -44,7 +44,7 @@ def minimize(final: list[bool], edges: list[tuple], calls: list[tuple],
     def shape(p):                                  # what equivalent positions surely share
         return final[p], _joined(tuple((lo, hi, 0) for lo, hi, _ in edges[p])), bool(calls[p])
 
-    _, members = _number_by(range(n), shape)       # block id -> its positions (a set)
+    members = _group_by(range(n), shape)          # block id -> its positions (a set)
     block_of = [0] * n
     for b, ps in enumerate(members):
         for p in ps:
@@ -108,15 +108,9 @@ def _joined(ranges: tuple) -> tuple:
     return tuple(out)
 
 
-def _number_by(items, key) -> tuple[dict, list[set[int]]]:
-    """Group items by key: (key -> block id, block id -> its items)."""
+def _group_by(items, key) -> list[set[int]]:
+    """Items grouped by key, groups numbered in the order their first item comes."""
     ids: dict = {}
-    members: list[set[int]] = []
     for p in items:
-        k = key(p)
-        b = ids.get(k)
-        if b is None:
-            b = ids[k] = len(members)
-            members.append(set())
-        members[b].add(p)
-    return ids, members
+        ids.setdefault(key(p), set()).add(p)
+    return list(ids.values())
