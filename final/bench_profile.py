@@ -14,16 +14,22 @@ a wall clock around a call is the call's cost):
   prepare      host lists -> the runner's persistent buffers and the backend's metadata
   linear       every nn.Linear of the decoder (the GEMVs / GEMMs: the part bounded by the machine)
   attention    the attention backend (KV write + attention), all layers
+  layer calls  stage 06's one-call layers (cpu_layer.py: steps of a few rows): the GEMVs and
+               everything between them, one C call per layer
   other fwd    the rest of the forward: embedding, norms, RoPE, SiLU, residual adds
   lm_head      logits of the sampling rows
   sample       the batched sampler
   postprocess  the rest of the step: commits to the block manager, appends, detokenizing, finishing
 
-`step within N x its GEMVs` (issue 19's first goal) is step time / linear time.
+`step within N x its GEMVs` (issue 19's first goal) is the step's time over the time of its
+matrix products alone: every weight of one step (decoder linears and lm_head) multiplied by as
+many rows as the step has, back to back, outside the engine, by the fastest of torch's split
+`bmm` and stage 06's C GEMV (`gemv_floor`). Without one-call layers `step / linear` is printed too.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import time
@@ -40,12 +46,13 @@ from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s06_kernels_graphs.int8_linear import Int8Linear
-from course.s06_kernels_graphs.split_linear import SplitLinear
+from course.s06_kernels_graphs.cpu_layer import LayerCalls, gemv, plain_weight
+from course.s06_kernels_graphs.split_linear import SplitLinear, split_matmul
 
 from .engine import Engine
 from .kernel_defaults import kernel_defaults
 
-PHASES = ("schedule", "prepare", "linear", "attention", "other fwd", "lm_head", "sample", "postprocess")
+PHASES = ("schedule", "prepare", "linear", "attention", "layer calls", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -69,6 +76,7 @@ class PhaseClock:
     def wrap(self, obj, attr: str, name: str) -> None:
         inner = getattr(obj, attr)
 
+        @functools.wraps(inner)
         def timed(*args, **kwargs):
             with self.phase(name):
                 return inner(*args, **kwargs)
@@ -90,6 +98,7 @@ def instrument(engine: Engine, clock: PhaseClock) -> None:
         if isinstance(module, (nn.Linear, SplitLinear, Int8Linear)) and module is not getattr(model, "lm_head", None):
             clock.wrap(module, "forward", "linear")
     clock.wrap(engine, "step", "step")
+    clock.wrap(LayerCalls, "run", "layer calls")  # made per forward: timed on the class (see uninstrument)
     original = batching.sample_batch
 
     def timed_sample(*args, **kwargs):
@@ -99,11 +108,40 @@ def instrument(engine: Engine, clock: PhaseClock) -> None:
     batching.sample_batch = timed_sample  # the name _postprocess calls
 
 
+def uninstrument() -> None:
+    LayerCalls.run = LayerCalls.__dict__["run"].__wrapped__
+
+
+def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
+    """Seconds for one step's matrix products alone (every decoder weight and the lm_head times
+    `rows` rows, back to back): torch's split bmm and the C GEMV. None for a model whose
+    linears are not plain float32 ones (int8, bf16, biases)."""
+    layers = getattr(model, "layers", None)
+    weights = [plain_weight(lin) for layer in layers or [] for lin in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                                        layer.down_proj)]
+    weights.append(plain_weight(model.lm_head) if layers else None)
+    if not layers or any(w is None for w in weights):
+        return None
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    threads = torch.get_num_threads()
+    ways = {"torch bmm": lambda w: split_matmul(inputs[w.shape[1]], w, threads),
+            "C GEMV": lambda w: gemv(inputs[w.shape[1]], w)}
+    times = {name: [] for name in ways}
+    for _ in range(reps):
+        for name, fn in ways.items():
+            t = time.perf_counter()
+            for w in weights:
+                fn(w)
+            times[name].append(time.perf_counter() - t)
+    return {name: sorted(ts)[reps // 2] for name, ts in times.items()}
+
+
 def breakdown(clock: PhaseClock) -> dict[str, float]:
     """Seconds per phase, exclusive: the forward minus what ran inside it, the step minus all."""
     s = clock.seconds
     out = {"schedule": s["schedule"], "prepare": s["prepare"], "linear": s["linear"],
-           "attention": s["attention"], "other fwd": s["forward"] - s["linear"] - s["attention"],
+           "attention": s["attention"], "layer calls": s["layer calls"],
+           "other fwd": s["forward"] - s["linear"] - s["attention"] - s["layer calls"],
            "lm_head": s["lm_head"], "sample": s["sample"]}
     out["postprocess"] = s["step"] - sum(out.values())
     return out
@@ -118,7 +156,7 @@ def kernel_settings(args) -> dict:
 def build_engine(loaded, args) -> Engine:
     config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
-                                **kernel_settings(args))
+                                one_call_layers=getattr(args, "one_call_layers", True), **kernel_settings(args))
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
 
 
@@ -145,14 +183,17 @@ def profile(loaded, args, name: str) -> dict:
         engine.step()
         steps += 1
     wall = time.perf_counter() - t
+    uninstrument()
     phases = breakdown(clock)
+    floor = gemv_floor(engine.runner.model, rows=1) if name == "single" else None
     prompt_tokens = sum(len(p) for p, _ in work)
     output_tokens = sum(p.max_new_tokens for _, p in work)
     return {"workload": name, "requests": len(work), "steps": steps, "seconds": wall,
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
             "output_tok_s": output_tokens / wall, "total_tok_s": (prompt_tokens + output_tokens) / wall,
             "ms_per_step": 1e3 * wall / steps, "phases_s": phases,
-            "step_over_linear": clock.seconds["step"] / phases["linear"]}
+            "step_over_linear": clock.seconds["step"] / phases["linear"] if not phases["layer calls"] else None,
+            "gemv_floor_s": floor, "step_over_gemvs": wall / steps / min(floor.values()) if floor else None}
 
 
 def torch_profile(loaded, args, name: str, top: int) -> str:
@@ -171,7 +212,11 @@ def torch_profile(loaded, args, name: str, top: int) -> str:
 def print_result(r: dict) -> None:
     print(f"\n{r['workload']}: {r['requests']} requests, {r['steps']} steps, {r['seconds']:.1f} s, "
           f"{r['ms_per_step']:.1f} ms/step, {r['output_tok_s']:.1f} output tok/s, "
-          f"{r['total_tok_s']:.1f} prompt+output tok/s; step = {r['step_over_linear']:.2f} x its linears")
+          f"{r['total_tok_s']:.1f} prompt+output tok/s"
+          + (f"; step = {r['step_over_linear']:.2f} x its linears" if r["step_over_linear"] else ""))
+    if r["gemv_floor_s"]:
+        ways = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in r["gemv_floor_s"].items())
+        print(f"  its matrix products alone: {ways}; step = {r['step_over_gemvs']:.2f} x the fastest")
     total = sum(r["phases_s"].values())
     for phase in PHASES:
         s = r["phases_s"][phase]
@@ -186,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, help="stage 06's merged projections and fused ops")
     p.add_argument("--linear-splits", type=int, help="stage 06's split linears (default: the thread count)")
     p.add_argument("--quantization", choices=["int8"], help="stage 06's int8 weight-only linears (implies --fused)")
+    p.add_argument("--one-call-layers", action=argparse.BooleanOptionalAction, default=True,
+                   help="stage 06's one C call per layer for steps of a few rows (cpu_layer.py)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)

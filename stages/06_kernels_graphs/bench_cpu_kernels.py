@@ -13,6 +13,11 @@ the torch backend's default.
 
 2. One layer's small ops (two add+RMSNorms, RoPE on q and k, SwiGLU's silu * up) at 1, 32 and
 256 tokens: fused_model.py's TorchOps against CpuOps (cpu_ops.c).
+
+3. One decode step's matrix products (SmolLM2-135M's 30 layers of merged QKV, o, merged
+gate-up and down, and the lm_head; random weights) at 1-32 rows: torch's `bmm` over row
+blocks (split_linear.py) against cpu_layer.c's GEMV, as GB/s of weights streamed. Where the
+GEMV wins is cpu_layer.FEW_ROWS.
 """
 from __future__ import annotations
 
@@ -25,6 +30,8 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 
 from .backends import CpuPagedBackend, TorchPagedBackend
+from .cpu_layer import gemv
+from .split_linear import split_matmul
 from .fused_model import CpuOps, TorchOps
 from .testing import make_paged_case, one_layer_step
 
@@ -83,6 +90,32 @@ def layer_ops(ops, tokens: int, hidden: int = 576, intermediate: int = 1536):
     return run
 
 
+def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32), reps: int = 5) -> list[dict]:
+    """Every weight of one SmolLM2-135M decode step times `rows` rows: split bmm vs C GEMV."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [((HEADS + 2 * KV_HEADS) * DIM, 576), (576, HEADS * DIM), (2 * 1536, 576), (576, 1536)] * 30
+    weights = [torch.randn(n, k, generator=g) for n, k in shapes + [(49152, 576)]]
+    nbytes = sum(w.numel() * 4 for w in weights)
+    out = []
+    for rows in rows_list:
+        x = {k: torch.randn(rows, k, generator=g) for k in (576, 1536)}
+        ways = {"bmm": lambda w: split_matmul(x[w.shape[1]], w, torch.get_num_threads()),
+                "gemv": lambda w: gemv(x[w.shape[1]], w)}
+        times = {name: [] for name in ways}
+        for _ in range(reps):  # interleaved, so a slow spell of the machine hits both
+            for name, fn in ways.items():
+                t = time.perf_counter()
+                for w in weights:
+                    fn(w)
+                times[name].append(time.perf_counter() - t)
+        ms = {name: 1e3 * sorted(ts)[reps // 2] for name, ts in times.items()}
+        out.append({"rows": rows, "ms": ms, "gemv_speedup_vs_bmm": ms["bmm"] / ms["gemv"],
+                    "GBps": {name: nbytes / t / 1e6 for name, t in ms.items()}})
+        print(f"{rows:4d} rows  bmm {ms['bmm']:7.1f} ms ({nbytes / ms['bmm'] / 1e6:4.1f} GB/s)  gemv {ms['gemv']:7.1f} ms"
+              f" ({nbytes / ms['gemv'] / 1e6:4.1f} GB/s)   gemv {ms['bmm'] / ms['gemv']:4.2f}x bmm")
+    return out
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=30)
@@ -105,8 +138,11 @@ def main(argv=None) -> None:
             ops_rows.append({"tokens": tokens, "ms": ms, "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
             print(f"{tokens:4d} tokens  torch {ms['torch']:7.3f} ms  cpu {ms['cpu']:7.3f} ms   "
                   f"cpu {ms['torch'] / ms['cpu']:4.1f}x torch")
+        print("# one decode step's matrix products (30 layers + lm_head, fp32): torch bmm vs the C GEMV")
+        matmul_rows = step_matmuls()
     if args.json:
-        write_json(args.json, {"machine": machine, "attention": rows, "small_ops": ops_rows})
+        write_json(args.json, {"machine": machine, "attention": rows, "small_ops": ops_rows,
+                               "step_matmuls": matmul_rows})
 
 
 if __name__ == "__main__":

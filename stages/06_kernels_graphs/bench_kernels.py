@@ -24,7 +24,7 @@ from .fused_norm import fused_add_rms_norm
 from .kv_write import write_kv
 from .prefill_attention import varlen_paged_attention
 from .roofline import copy_bandwidth, timed
-from .testing import make_paged_case, reference_attention
+from .testing import decode_pool, make_paged_case, reference_attention
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 64, 16  # Llama-3.2-1B's attention shape
 
@@ -53,7 +53,7 @@ def gpu_rows(dtype=torch.bfloat16) -> list[dict]:
     dev = torch.device("cuda")
     roof = copy_bandwidth(dev)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {roof / 1e9:.0f} GB/s")
-    rows, elem = [], dtype.itemsize
+    rows = []
 
     def row(kind, shape, seconds, nbytes, torch_seconds=None):
         r = {"kernel": kind, "shape": shape, "us": seconds * 1e6, "GBps": nbytes / seconds / 1e9,
@@ -66,14 +66,9 @@ def gpu_rows(dtype=torch.bfloat16) -> list[dict]:
 
     for batch in (1, 8, 32, 64):
         for context in (512, 2048, 8192):
-            nb = -(-context // BLOCK)
-            k = torch.randn(batch * nb + 1, BLOCK, KV_HEADS, HEAD_DIM, device=dev, dtype=dtype)
-            v = torch.randn_like(k)
-            tables = torch.arange(batch * nb, device=dev, dtype=torch.int32).view(batch, nb)
-            lens = torch.full((batch,), context, device=dev, dtype=torch.int32)
-            q = torch.randn(batch, HEADS, HEAD_DIM, device=dev, dtype=dtype)
-            out = torch.empty_like(q)
-            nbytes = 2 * batch * context * KV_HEADS * HEAD_DIM * elem + 2 * q.nbytes + tables.nbytes
+            q, k, v, tables, lens, out, nbytes = decode_pool(batch, context, HEADS, KV_HEADS, HEAD_DIM, BLOCK,
+                                                            dtype, dev)
+            nb = tables.shape[1]
             for splits in (1, None):
                 from .decode_attention import choose_num_splits
                 s = splits or choose_num_splits(batch, KV_HEADS, nb, torch.cuda.get_device_properties(dev).multi_processor_count)

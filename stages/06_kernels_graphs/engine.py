@@ -35,6 +35,8 @@ class KernelEngineConfig(EngineConfig):
                                          # (split_linear.py; 1 = torch's linear, which decodes on one thread)
 
     quantization: str | None = None      # "int8": int8 weight-only linears (int8_linear.py); None: the model's dtype
+    one_call_layers: bool = True         # cpu backend, fused: a step of a few rows runs each layer as one C call
+                                         # (cpu_layer.py); False keeps the per-op path
 
     def __post_init__(self):
         if self.quantization not in (None, "int8"):
@@ -51,7 +53,7 @@ class LLMEngine(BatchingEngine):
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
         if config.fused:  # same weights, fewer kernels; the ops follow the attention backend
-            model = FusedCausalLM(model, ops=config.attention_backend)
+            model = FusedCausalLM(model, ops=config.attention_backend, one_call_layers=config.one_call_layers)
             if config.quantization == "int8":
                 quantize_linears(model, parts=config.linear_splits)
             elif config.linear_splits > 1:

@@ -12,7 +12,9 @@ What changes, per layer (the unfused count in brackets):
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
 only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu_ops.c: C loops for the CPU).
-The attention backend is independent.
+The attention backend is independent. With the cpu ops and the cpu attention backend, a step
+of a few rows runs each layer as one C call (cpu_layer.py; `one_call_layers=False` keeps the
+per-op path, which is what its tests compare it with).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from torch import nn
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
+from .cpu_layer import FEW_ROWS, LayerCalls, gemv, plain_weight
 from .cpu_ops import CpuOps
 
 
@@ -115,11 +118,13 @@ class FusedLayer(nn.Module):
 class FusedCausalLM(nn.Module):
     """Drop-in for stage 01's CausalLM (same forward/compute_logits), built from one."""
 
-    def __init__(self, model: CausalLM, ops: str = "torch"):
+    def __init__(self, model: CausalLM, ops: str = "torch", one_call_layers: bool = True):
         super().__init__()
         if ops not in OPS:
             raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
         self.config, self.ops = model.config, OPS[ops]
+        self.one_call_layers = one_call_layers and ops == "cpu"
+        self._plain_weights = None  # whether every linear is a bias-free float32 one: checked once
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
@@ -127,12 +132,30 @@ class FusedCausalLM(nn.Module):
     def forward(self, input_ids, attn, meta):
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary_emb(meta.positions)
-        for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, attn, meta, self.ops)
+        if self._one_call(x) and LayerCalls.applies(x, attn, meta):
+            calls = LayerCalls(self, x, cos, sin, attn, meta)
+            for layer in self.layers:
+                x, residual = calls.run(layer, x, residual)
+        else:
+            for layer in self.layers:
+                x, residual = layer(x, residual, cos, sin, attn, meta, self.ops)
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):
+        if self._one_call(hidden) and plain_weight(self.lm_head) is not None:
+            return gemv(hidden, self.lm_head.weight)
         return self.lm_head(hidden).float()
+
+    def _one_call(self, x) -> bool:
+        """cpu_layer.py's path: the cpu ops, few float32 rows, plain weights, its C compiled here."""
+        if not self.one_call_layers or x.shape[0] > FEW_ROWS or x.dtype != torch.float32:
+            return False
+        if self._plain_weights is None:
+            from .cpu_layer import layer_kernel_unavailable
+            self._plain_weights = layer_kernel_unavailable() is None and all(
+                plain_weight(linear) is not None for layer in self.layers
+                for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj))
+        return self._plain_weights
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

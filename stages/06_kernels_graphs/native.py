@@ -42,8 +42,8 @@ def compile_library(source: Path, flags: list[str]) -> Path:
     compiler = os.environ.get("CC", "cc")
     if not source.exists():
         raise KernelUnavailable(f"{source.name} is not installed beside {Path(__file__).name}")
-    key = hashlib.sha256(source.read_bytes() + " ".join([compiler, *flags, *LINK_FLAGS, platform.machine(),
-                                                          platform.node()]).encode())
+    key = hashlib.sha256(_with_includes(source) + " ".join([compiler, *flags, *LINK_FLAGS, platform.machine(),
+                                                             platform.node()]).encode())
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -60,6 +60,17 @@ def compile_library(source: Path, flags: list[str]) -> Path:
                 raise KernelUnavailable(f"{compiler} failed on {source.name}: {done.stderr.strip()[-500:]}")
         os.replace(built, target)
     return target
+
+
+def _with_includes(source: Path) -> bytes:
+    """The source and every file it #includes "by name" from beside it (cpu_layer.c includes
+    cpu_ops.c and cpu_attention.c): a change to any of them means a new library."""
+    text = source.read_bytes()
+    for line in text.splitlines():
+        parts = line.decode(errors="replace").split('"')
+        if line.lstrip().startswith(b"#include") and len(parts) == 3 and (source.parent / parts[1]).exists():
+            text += _with_includes(source.parent / parts[1])
+    return text
 
 
 def load(source: Path, flags: list[str]) -> ctypes.CDLL:

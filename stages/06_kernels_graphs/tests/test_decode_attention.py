@@ -54,6 +54,15 @@ def test_dtypes_match_reference(dtype, tol, num_splits):
     _check(case, tol, num_splits=num_splits)
 
 
+@pytest.mark.parametrize("block_n", [32, 128])
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_tile_size_and_warps_knobs_match_reference(block_n, num_splits):
+    """tune_decode.py's knobs: a tile wider than a page (and than a short sequence) still masks
+    every key past the end; num_warps changes the launch only."""
+    case = _case([1, 5, 40, 130], block_size=4, seed=block_n)
+    _check(case, num_splits=num_splits, block_n=block_n, num_warps=2)
+
+
 def test_custom_scale():
     _check(_case([14, 8], seed=5), scale=0.3)
     _check(_case([14, 8], seed=5), scale=0.3, num_splits=2)
@@ -130,9 +139,11 @@ def test_never_reads_tensor_values_on_the_host(num_splits):
 
 
 def test_choose_num_splits():
-    assert choose_num_splits(256, 8, 64) == 1  # 2048 programs already fill 132 SMs
-    assert choose_num_splits(132, 1, 64) == 1
+    assert choose_num_splits(256, 8, 64) == 1  # 2048 programs already fill 132 SMs, 4 deep
+    assert choose_num_splits(528, 1, 64) == 1
+    assert choose_num_splits(132, 1, 64) == 4  # one program per SM hides no latency
+    assert choose_num_splits(32, 8, 128) == 2  # 256 programs: tune_decode's B=32 row
     assert choose_num_splits(1, 8, 256) > 1  # one long sequence: 8 programs on 132 SMs
     assert choose_num_splits(1, 1, 1000) == 16  # capped at 16
     assert choose_num_splits(1, 8, 3) == 3  # no more splits than blocks
-    assert choose_num_splits(2, 4, 100, num_sms=16) == 2
+    assert choose_num_splits(2, 4, 100, num_sms=16) == 8

@@ -1,0 +1,113 @@
+"""A decoder layer in one C call (cpu_layer.c) for steps of a few rows, and the lm_head's GEMV.
+
+On the CPU a single stream's decode step is 30 layers of four matrix-vector products plus the
+small work between them. The products are bounded by how fast the weights stream from memory;
+the small work is bounded by Python: ~10 calls per layer (norms, RoPE, the KV write, attention,
+SiLU, module calls and views), ~0.15 ms a layer, a fifth of the step. `LayerCalls` runs each
+layer as one ctypes call instead, with everything between the products in C, and the products
+themselves in cpu_layer.c's GEMV, which streams weights faster than torch's `bmm` for a few
+rows (bench_cpu_kernels.py prints both).
+
+It applies where its C covers everything: the fused model with the cpu ops, the cpu attention
+backend, float32 weights without biases, at most FEW_ROWS rows. Anything else (prefill, a big
+batch, int8 weights, bf16) takes the per-op path, which is also the reference its tests use.
+
+    python -m course.s06_kernels_graphs.bench_cpu_kernels   # one layer and the lm_head, both ways
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from . import native
+from .split_linear import SplitLinear
+
+SOURCE = Path(__file__).with_name("cpu_layer.c")
+FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what cpu_attention.c, included, needs
+# Rows up to which one call per layer (and cpu_layer.c's GEMV) beats the per-op path with torch's
+# bmm on our 2-core CPU (bench_cpu_kernels.py); past it, bmm's blocking for many rows wins.
+FEW_ROWS = 8
+
+
+@native.cached_loader
+def _library():
+    lib = native.load(SOURCE, FLAGS)
+    ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.gemv_f32.restype = None
+    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 12 + [ptr, ptr, i64, i64, ptr] + \
+        [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
+    lib.decoder_layer_f32.restype = i64
+    return lib
+
+
+def layer_kernel_unavailable() -> str | None:
+    return native.unavailable(_library)
+
+
+def plain_weight(linear: nn.Module) -> torch.Tensor | None:
+    """The float32 weight of an nn.Linear or SplitLinear without a bias, else None."""
+    if type(linear) not in (nn.Linear, SplitLinear) or linear.bias is not None:
+        return None
+    w = linear.weight
+    return w if w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() else None
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [m, k] @ weight[n, k].T through cpu_layer.c's GEMV (float32, CPU, a few rows)."""
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    _library().gemv_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], weight.shape[0],
+                        weight.shape[1], torch.get_num_threads())
+    return out
+
+
+class LayerCalls:
+    """One forward's setup for the one-call layers: the step's metadata as pointers, and the
+    buffers every layer reuses. `run(layer, x, residual)` is FusedLayer.forward's contract."""
+
+    def __init__(self, model, x, cos, sin, attn, meta):
+        m, c = x.shape[0], model.config
+        self.m, self.hidden, self.inter = m, c.hidden_size, c.intermediate_size
+        self.pools, self.block_size = attn.cache, attn.cache.block_size
+        if meta.plan is None:  # a decode step without host lengths: one row per sequence
+            rows = torch.arange(meta.seq_lens.shape[0])
+            self.attend = (rows, rows, meta.seq_lens.to(torch.int64))
+        else:
+            self.attend = (meta.plan.native.rows, meta.plan.native.seqs, meta.plan.native.lens)
+        self.attend = tuple(t.contiguous() for t in self.attend)
+        self.slots = meta.slot_mapping.to(torch.int64).contiguous()
+        self.tables = meta.block_tables.to(torch.int64).contiguous()
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        layer = model.layers[0]
+        qkv_width = (layer.n_heads + 2 * layer.n_kv) * layer.d
+        self.scratch = x.new_empty(m * (2 * self.hidden + qkv_width + layer.n_heads * layer.d + 3 * self.inter))
+        self.x_out, self.residual_out = x.new_empty(m, self.hidden), x.new_empty(m, self.hidden)
+        self.threads = torch.get_num_threads()
+
+    @staticmethod
+    def applies(x, attn, meta) -> bool:
+        """The step's side of the conditions (the model's is FusedCausalLM._one_call)."""
+        from .backends import CpuPagedBackend
+        return isinstance(attn, CpuPagedBackend) and (meta.plan is None or meta.plan.native is not None)
+
+    def run(self, layer, x, residual):
+        rows, seqs, lens = self.attend
+        k_pool, v_pool = self.pools.k[layer.layer_idx], self.pools.v[layer.layer_idx]
+        x = x.contiguous()
+        bad = _library().decoder_layer_f32(
+            self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
+            x.data_ptr(), residual.data_ptr() if residual is not None else None, self.residual_out.data_ptr(),
+            self.x_out.data_ptr(), layer.input_norm.data_ptr(), layer.qkv.weight.data_ptr(),
+            layer.o_proj.weight.data_ptr(), layer.post_norm.data_ptr(), layer.gate_up.weight.data_ptr(),
+            layer.down_proj.weight.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+            k_pool.data_ptr(), v_pool.data_ptr(), k_pool.shape[0], self.block_size, self.slots.data_ptr(),
+            rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), self.tables.data_ptr(),
+            self.tables.shape[1], self.scratch.data_ptr(), self.threads)
+        if bad:
+            raise RuntimeError(f"{bad} rows had a slot or block table outside the pool (an engine bug; "
+                               "nothing was written or read out of bounds)")
+        return self.x_out, self.residual_out

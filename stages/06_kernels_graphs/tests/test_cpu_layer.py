@@ -1,0 +1,150 @@
+"""cpu_layer.py: a decoder layer in one C call equals the per-op path it replaces."""
+import copy
+
+import pytest
+import torch
+
+from course.s01_decode_loop.testing import tiny_model
+from course.s03_paged.paged_attention import PagedKVCache
+from course.s06_kernels_graphs import cpu_layer
+from course.s06_kernels_graphs.backends import make_backend
+from course.s06_kernels_graphs.cpu_layer import FEW_ROWS, LayerCalls, gemv
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.fused_model import FusedCausalLM
+from course.s06_kernels_graphs.int8_linear import quantize_linears
+from course.s06_kernels_graphs.model_runner import ModelRunner
+from course.s06_kernels_graphs.split_linear import split_linears
+
+BLOCK, BLOCKS = 4, 40
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, FEW_ROWS])
+@pytest.mark.parametrize("n, k", [(12, 20), (64, 576), (7, 33), (960, 576)])  # rows and columns off 4 and 16
+def test_gemv_equals_matmul(m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    torch.testing.assert_close(gemv(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the one-call layers run."""
+    calls = []
+    run = LayerCalls.run
+
+    def counted(self, layer, x, residual):
+        calls.append(layer.layer_idx)
+        return run(self, layer, x, residual)
+    monkeypatch.setattr(LayerCalls, "run", counted)
+    return calls
+
+
+def _pair(name, splits=2):
+    """The fused model with one-call layers and without, same weights, each with its own pool."""
+    model = tiny_model(name, seed=1)
+    sides = []
+    for one_call in (True, False):
+        fused = split_linears(FusedCausalLM(model, ops="cpu", one_call_layers=one_call), splits)
+        cache = PagedKVCache(model.config, BLOCKS + 1, BLOCK)
+        attn = make_backend("cpu", cache)
+        runner = ModelRunner(fused, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10, dummy_block=BLOCKS)
+        sides.append((fused, cache, attn, runner))
+    return sides
+
+
+def _step(side, tokens, seqs):
+    fused, _, attn, runner = side
+    ids, meta = runner.prepare(tokens, seqs)
+    with torch.no_grad():
+        return fused.compute_logits(fused(ids, attn, meta))
+
+
+# (tokens, seqs as (cached, new, blocks)) per step: prompts of 3 and 5 rows, then decodes,
+# then a verification run of 4 rows beside a decode, then a chunk of 4 after a cached prefix.
+STEPS = [
+    ([5, 9, 2], [(0, 3, [0, 1, 2])]),
+    ([7, 1, 4, 4, 8], [(0, 5, [3, 4, 5])]),
+    ([11, 12], [(3, 1, [0, 1, 2]), (5, 1, [3, 4, 5])]),
+    ([13, 14, 15, 16, 17], [(4, 4, [0, 1, 2]), (6, 1, [3, 4, 5])]),
+    ([20, 21, 22, 23], [(0, 4, [6, 7]), ]),
+    ([24, 25, 26, 27], [(4, 4, [6, 7, 8])]),
+]
+
+
+@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope"])
+def test_one_call_layers_equal_the_per_op_path(name, spy):
+    one_call, per_op = _pair(name)
+    for tokens, seqs in STEPS:
+        before = len(spy)
+        got, want = _step(one_call, tokens, seqs), _step(per_op, tokens, seqs)
+        torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
+        assert len(spy) - before == one_call[0].config.num_hidden_layers  # the C path ran every layer
+    # every K/V the steps wrote is where the per-op path put it
+    torch.testing.assert_close(one_call[1].k, per_op[1].k, atol=1e-5, rtol=1e-5, equal_nan=True)
+    torch.testing.assert_close(one_call[1].v, per_op[1].v, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
+    bias, _ = _pair("qwen2_bias")  # a QKV bias: not in the C layer
+    _step(bias, [1, 2, 3], [(0, 3, [0, 1, 2])])
+    many, _ = _pair("gqa_tied")  # more rows than FEW_ROWS
+    _step(many, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])
+    int8 = FusedCausalLM(tiny_model("gqa_tied"), ops="cpu")
+    quantize_linears(int8, parts=1)
+    cache = PagedKVCache(int8.config, BLOCKS + 1, BLOCK)
+    attn = make_backend("cpu", cache)
+    runner = ModelRunner(int8, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10, dummy_block=BLOCKS)
+    _step((int8, cache, attn, runner), [1, 2], [(0, 2, [0])])
+    torch_ops, _ = _pair("gqa_tied")
+    torch_backend = make_backend("torch", torch_ops[1])
+    runner = ModelRunner(torch_ops[0], torch_backend, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
+                         dummy_block=BLOCKS)
+    _step((torch_ops[0], torch_ops[1], torch_backend, runner), [1, 2], [(0, 2, [0])])
+    assert spy == []
+
+
+def test_a_slot_outside_the_pool_raises_and_writes_nothing():
+    side, _ = _pair("gqa_tied")
+    fused, cache, attn, runner = side
+    ids, meta = runner.prepare([1], [(0, 1, [0])])
+    meta.slot_mapping.fill_(10 ** 6)
+    before = cache.k.clone()
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        fused(ids, attn, meta)
+    assert torch.equal(cache.k.nan_to_num(), before.nan_to_num())
+
+
+@pytest.mark.parametrize("name", ["gqa_tied", "mqa_odd_heads"])
+def test_engine_tokens_are_the_same_with_and_without_one_call_layers(name, byte_tok, spy):
+    model = tiny_model(name)
+    prompts = [list(b"hello there"), list(b"a"), list(b"0123456789" * 3)]
+    from course.s01_decode_loop.sampling import SamplingParams
+    params = SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True)
+    outputs = []
+    for one_call in (True, False):
+        config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
+                                    attention_backend="cpu", fused=True, linear_splits=2, one_call_layers=one_call)
+        outputs.append([o.token_ids for o in LLMEngine(copy.deepcopy(model), byte_tok, config).generate(prompts, params)])
+    assert outputs[0] == outputs[1]
+    assert spy  # decode steps of 3 rows ran through the C layer
+
+
+def test_without_a_compiler_the_per_op_path_runs(monkeypatch, spy):
+    monkeypatch.setattr(cpu_layer, "layer_kernel_unavailable", lambda: "no C compiler (test)")
+    side, _ = _pair("gqa_tied")
+    _step(side, [1, 2], [(0, 2, [0])])
+    assert spy == []
+
+
+@pytest.mark.slow
+def test_default_model_one_call_layers_give_the_same_greedy_tokens(smollm2):
+    from course.s01_decode_loop.sampling import SamplingParams
+    prompts = [smollm2.tokenizer.encode(p) for p in ["The capital of France is", "def fib(n):"]]
+    params = SamplingParams(max_new_tokens=32, temperature=0.0)
+    outputs = []
+    for one_call in (True, False):
+        config = KernelEngineConfig(num_blocks=64, attention_backend="cpu", fused=True, linear_splits=2,
+                                    one_call_layers=one_call)
+        engine = LLMEngine(smollm2.model, smollm2.tokenizer, config, smollm2.eos_token_ids)
+        outputs.append([o.token_ids for o in engine.generate(prompts, params)])
+    assert outputs[0] == outputs[1]
