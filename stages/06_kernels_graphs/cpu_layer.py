@@ -27,8 +27,9 @@ from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("cpu_layer.c")
 FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what cpu_attention.c, included, needs
-# Rows up to which one call per layer (and cpu_layer.c's GEMV) beats the per-op path with torch's
-# bmm on our 2-core CPU (bench_cpu_kernels.py); past it, bmm's blocking for many rows wins.
+# Rows up to which cpu_layer.c's GEMV beats torch's split bmm on our 2-core CPU
+# (bench_cpu_kernels.py: 1.11x at 1 row, 1.28x at 8, a tie at 16, 0.78x at 32: bmm's blocking
+# for many rows wins there).
 FEW_ROWS = 8
 
 
@@ -89,7 +90,7 @@ class LayerCalls:
         self.threads = torch.get_num_threads()
 
     @staticmethod
-    def applies(x, attn, meta) -> bool:
+    def applies(attn, meta) -> bool:
         """The step's side of the conditions (the model's is FusedCausalLM._one_call)."""
         from .backends import CpuPagedBackend
         return isinstance(attn, CpuPagedBackend) and (meta.plan is None or meta.plan.native is not None)

@@ -132,7 +132,7 @@ class FusedCausalLM(nn.Module):
     def forward(self, input_ids, attn, meta):
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary_emb(meta.positions)
-        if self._one_call(x) and LayerCalls.applies(x, attn, meta):
+        if self._one_call(x) and LayerCalls.applies(attn, meta):
             calls = LayerCalls(self, x, cos, sin, attn, meta)
             for layer in self.layers:
                 x, residual = calls.run(layer, x, residual)
