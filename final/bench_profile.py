@@ -46,7 +46,7 @@ from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s06_kernels_graphs.int8_linear import Int8Linear
-from course.s06_kernels_graphs.cpu_layer import LayerCalls, gemv, plain_weight
+from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight, product
 from course.s06_kernels_graphs.split_linear import SplitLinear, split_matmul
 
 from .engine import Engine
@@ -114,24 +114,25 @@ def uninstrument() -> None:
 
 def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
     """Seconds for one step's matrix products alone (every decoder weight and the lm_head times
-    `rows` rows, back to back): torch's split bmm and the C GEMV. None for a model whose
-    linears are not plain float32 ones (int8, bf16, biases)."""
+    `rows` rows, back to back): the C GEMV, and torch's split bmm where the weights are float32.
+    None for a model whose linears the C does not take (bf16, biases)."""
     layers = getattr(model, "layers", None)
-    weights = [plain_weight(lin) for layer in layers or [] for lin in (layer.qkv, layer.o_proj, layer.gate_up,
-                                                                        layer.down_proj)]
-    weights.append(plain_weight(model.lm_head) if layers else None)
+    weights = [layer_weight(lin) for layer in layers or [] for lin in (layer.qkv, layer.o_proj, layer.gate_up,
+                                                                       layer.down_proj)]
+    weights.append(layer_weight(model.lm_head) if layers else None)
     if not layers or any(w is None for w in weights):
         return None
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in weights}
     threads = torch.get_num_threads()
-    ways = {"torch bmm": lambda w: split_matmul(inputs[w.shape[1]], w, threads),
-            "C GEMV": lambda w: gemv(inputs[w.shape[1]], w)}
+    ways = {"C GEMV": lambda w, scale: product(inputs[w.shape[1]], w, scale)}
+    if all(scale is None for _, scale in weights):
+        ways["torch bmm"] = lambda w, scale: split_matmul(inputs[w.shape[1]], w, threads)
     times = {name: [] for name in ways}
     for _ in range(reps):
         for name, fn in ways.items():
             t = time.perf_counter()
-            for w in weights:
-                fn(w)
+            for w, scale in weights:
+                fn(w, scale)
             times[name].append(time.perf_counter() - t)
     return {name: sorted(ts)[reps // 2] for name, ts in times.items()}
 

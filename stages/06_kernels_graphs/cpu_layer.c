@@ -6,7 +6,8 @@
  * and the ten or so Python calls around them (norms, RoPE, the KV write, attention, SiLU,
  * the module calls and views) another ~0.2 ms: a fifth of the step. Here the Python side
  * makes one call per layer. The products are this file's GEMV (each thread streams its share
- * of the weight rows once, four rows at a time); the rest is cpu_ops.c and cpu_attention.c,
+ * of the weight rows once, four rows at a time; float32 weights, or int8_linear.py's int8
+ * ones widened in registers); the rest is cpu_ops.c and cpu_attention.c,
  * included below, so the layer computes what the per-op path computes, up to the order of
  * its sums.
  *
@@ -22,58 +23,89 @@
 #include <immintrin.h>
 #endif
 
-/* y[r, j] = sum_i x[r, i] * w[j, i] for r < m, j < n: x [m, k], w [n, k] (a Linear's weight),
- * y [m, n], all contiguous. Four weight rows per step of the loop, so each load of x serves
- * four of them; every weight byte is read once per call, which is what bounds it. */
-void gemv_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, int64_t k, int num_threads)
+/* Weight i of a row, as a float: float32 weights, or int8 ones (int8 is the row's type). */
+static inline float weight_at(const void *row, int int8, int64_t i)
+{
+    return int8 ? (float)((const int8_t *)row)[i] : ((const float *)row)[i];
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VECTOR_DOT 1
+/* 16 weights of a row from `i` on, as floats (int8 ones widened in registers). */
+static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 mask)
+{
+    if (int8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, (const int8_t *)row + i)));
+    return _mm512_maskz_loadu_ps(mask, (const float *)row + i);
+}
+#endif
+
+/* Four weight rows (w0 and the next three, k weights each) times one activation row:
+ * out[c] = sum_i x[i] * w_c[i]. Each load of x serves four rows; every weight byte is read once. */
+static void dot4(const float *x, const void *w0, int int8, int64_t k, float *out)
+{
+    const int64_t stride = int8 ? k : k * (int64_t)sizeof(float);
+    const char *rows[4] = {(const char *)w0, (const char *)w0 + stride, (const char *)w0 + 2 * stride,
+                           (const char *)w0 + 3 * stride};
+#ifdef VECTOR_DOT
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (int64_t i = 0; i < k; i += 16) {
+        const __mmask16 mask = k - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
+        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i);
+        for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(xv, weights16(rows[c], int8, i, mask), acc[c]);
+    }
+    for (int c = 0; c < 4; c++) out[c] = _mm512_reduce_add_ps(acc[c]);
+#else
+    for (int c = 0; c < 4; c++) {
+        float s = 0.f;
+        for (int64_t i = 0; i < k; i++) s += x[i] * weight_at(rows[c], int8, i);
+        out[c] = s;
+    }
+#endif
+}
+
+/* y[r, j] = scale[j] * sum_i x[r, i] * w[j, i] for r < m, j < n: x [m, k], w [n, k] (a Linear's
+ * weight: float32 with scale NULL, or int8 with one float scale per row, int8_linear.py's
+ * format), y [m, n]. Each thread streams its share of the weight rows, four at a time. */
+static void product(const float *x, const void *w, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
+                    int num_threads)
 {
     const int64_t quads = n / 4;
     #pragma omp parallel num_threads(num_threads)
     {
         #pragma omp for schedule(static) nowait
-        for (int64_t q = 0; q < quads; q++) {
-            const float *w0 = w + 4 * q * k, *w1 = w0 + k, *w2 = w1 + k, *w3 = w2 + k;
+        for (int64_t b = 0; b < quads; b++)
             for (int64_t r = 0; r < m; r++) {
-                const float *xr = x + r * k;
-#ifdef __AVX512F__
-                __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-                for (int64_t i = 0; i < k; i += 16) {
-                    const __mmask16 mask = k - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
-                    const __m512 xv = _mm512_maskz_loadu_ps(mask, xr + i);
-                    a0 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mask, w0 + i), a0);
-                    a1 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mask, w1 + i), a1);
-                    a2 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mask, w2 + i), a2);
-                    a3 = _mm512_fmadd_ps(xv, _mm512_maskz_loadu_ps(mask, w3 + i), a3);
-                }
-                float *out = y + r * n + 4 * q;
-                out[0] = _mm512_reduce_add_ps(a0);
-                out[1] = _mm512_reduce_add_ps(a1);
-                out[2] = _mm512_reduce_add_ps(a2);
-                out[3] = _mm512_reduce_add_ps(a3);
-#else
-                float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-                #pragma omp simd reduction(+:s0, s1, s2, s3)
-                for (int64_t i = 0; i < k; i++) {
-                    s0 += xr[i] * w0[i]; s1 += xr[i] * w1[i]; s2 += xr[i] * w2[i]; s3 += xr[i] * w3[i];
-                }
-                float *out = y + r * n + 4 * q;
-                out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3;
-#endif
+                float *out = y + r * n + 4 * b;
+                dot4(x + r * k, scale ? (const void *)((const int8_t *)w + 4 * b * k)
+                                      : (const void *)((const float *)w + 4 * b * k), scale != NULL, k, out);
+                if (scale)
+                    for (int c = 0; c < 4; c++) out[c] *= scale[4 * b + c];
             }
-        }
         #pragma omp for schedule(static)
         for (int64_t j = 4 * quads; j < n; j++)  /* the last n % 4 rows */
             for (int64_t r = 0; r < m; r++) {
+                const void *row = scale ? (const void *)((const int8_t *)w + j * k) : (const void *)((const float *)w + j * k);
                 float s = 0.f;
-                #pragma omp simd reduction(+:s)
-                for (int64_t i = 0; i < k; i++) s += x[r * k + i] * w[j * k + i];
-                y[r * n + j] = s;
+                for (int64_t i = 0; i < k; i++) s += x[r * k + i] * weight_at(row, scale != NULL, i);
+                y[r * n + j] = scale ? s * scale[j] : s;
             }
     }
 }
 
+void gemv_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, int64_t k, int num_threads)
+{
+    product(x, w, NULL, y, m, n, k, num_threads);
+}
+
+void gemv_i8_f32(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
+                 int num_threads)
+{
+    product(x, q, scale, y, m, n, k, num_threads);
+}
+
 /* One decoder layer (pre-norm attention and SwiGLU MLP, fused_model.FusedLayer's math) for m
  * rows. x is the layer's input delta; residual the stream so far, or NULL before layer 0.
+ * The four weights (QKV, o, gate-up, down) are float32, or int8 where scales[i] is not NULL.
  * Writes the stream after the attention half to residual_out (may be residual itself) and
  * the MLP's output, the next layer's delta, to x_out (may be x itself). The rows' new K/V go
  * to their slots in the layer's pools, then every row attends (rows/seqs/lens as in
@@ -83,8 +115,8 @@ void gemv_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, in
 int64_t decoder_layer_f32(
     int64_t m, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
     const float *x, const float *residual, float *residual_out, float *x_out,
-    const float *input_norm, const float *qkv_w, const float *o_w, const float *post_norm,
-    const float *gate_up_w, const float *down_w, const float *cos, const float *sin,
+    const float *input_norm, const void *qkv_w, const void *o_w, const float *post_norm,
+    const void *gate_up_w, const void *down_w, const float *const scales[4], const float *cos, const float *sin,
     float *k_pool, float *v_pool, int64_t num_blocks, int64_t block_size, const int64_t *slots,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n_rows,
     const int64_t *block_tables, int64_t table_width, float *scratch, int num_threads)
@@ -99,7 +131,7 @@ int64_t decoder_layer_f32(
         memmove(residual_out, x, (size_t)(m * hidden) * sizeof(float));
         add_rms_norm_f32(x, NULL, NULL, h, input_norm, m, hidden, eps, num_threads);
     }
-    gemv_f32(h, qkv_w, qkv, m, qkv_width, hidden, num_threads);
+    product(h, qkv_w, scales[0], qkv, m, qkv_width, hidden, num_threads);
     rotary_f32(qkv, qkv_width, heads, qkv + heads * dim, qkv_width, kv_heads, cos, sin, m, dim / 2, num_threads);
 
     int64_t bad = 0;
@@ -115,10 +147,10 @@ int64_t decoder_layer_f32(
                                    1.f / sqrtf((float)dim), num_threads);
     if (bad) return bad;
 
-    gemv_f32(attn, o_w, o, m, hidden, heads * dim, num_threads);
+    product(attn, o_w, scales[1], o, m, hidden, heads * dim, num_threads);
     add_rms_norm_f32(o, residual_out, residual_out, h, post_norm, m, hidden, eps, num_threads);
-    gemv_f32(h, gate_up_w, gate_up, m, 2 * inter, hidden, num_threads);
+    product(h, gate_up_w, scales[2], gate_up, m, 2 * inter, hidden, num_threads);
     silu_mul_f32(gate_up, act, m, inter, num_threads);
-    gemv_f32(act, down_w, x_out, m, hidden, inter, num_threads);
+    product(act, down_w, scales[3], x_out, m, hidden, inter, num_threads);
     return 0;
 }

@@ -9,8 +9,10 @@ themselves in cpu_layer.c's GEMV, which streams weights faster than torch's `bmm
 rows (bench_cpu_kernels.py prints both).
 
 It applies where its C covers everything: the fused model with the cpu ops, the cpu attention
-backend, float32 weights without biases, at most FEW_ROWS rows. Anything else (prefill, a big
-batch, int8 weights, bf16) takes the per-op path, which is also the reference its tests use.
+backend, float32 or int8 (int8_linear.py's) weights without biases, at most FEW_ROWS rows.
+Anything else (prefill, a big batch, bf16) takes the per-op path, which is also the reference
+its tests use. With int8 weights the products read a quarter of the bytes and, unlike torch's
+int8 kernel, keep the activations in float32.
 
     python -m course.s06_kernels_graphs.bench_cpu_kernels   # one layer and the lm_head, both ways
 """
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 
 from . import native
+from .int8_linear import Int8Linear
 from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("cpu_layer.c")
@@ -39,7 +42,9 @@ def _library():
     ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
     lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
     lib.gemv_f32.restype = None
-    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 12 + [ptr, ptr, i64, i64, ptr] + \
+    lib.gemv_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.gemv_i8_f32.restype = None
+    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 13 + [ptr, ptr, i64, i64, ptr] + \
         [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     return lib
@@ -49,21 +54,36 @@ def layer_kernel_unavailable() -> str | None:
     return native.unavailable(_library)
 
 
-def plain_weight(linear: nn.Module) -> torch.Tensor | None:
-    """The float32 weight of an nn.Linear or SplitLinear without a bias, else None."""
-    if type(linear) not in (nn.Linear, SplitLinear) or linear.bias is not None:
+def layer_weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, None) for a bias-free float32 nn.Linear or SplitLinear, (int8 weight, float32
+    row scales) for a bias-free Int8Linear; None for anything the C does not take."""
+    if linear.bias is not None:
         return None
-    w = linear.weight
-    return w if w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous() else None
+    if type(linear) in (nn.Linear, SplitLinear):
+        w = linear.weight
+        ok = w.dtype == torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+        return (w, None) if ok else None
+    if type(linear) is Int8Linear and linear.qweight.device.type == "cpu":
+        return linear.qweight.contiguous(), linear.scale.float().contiguous()
+    return None
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [m, k] @ weight[n, k].T through cpu_layer.c (float32 x, a few rows); weight float32,
+    or int8 with one float32 scale per row."""
+    x = x.contiguous()
+    out = x.new_empty(x.shape[0], weight.shape[0])
+    m, (n, k), threads = x.shape[0], weight.shape, torch.get_num_threads()
+    if scale is None:
+        _library().gemv_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, threads)
+    else:
+        _library().gemv_i8_f32(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), out.data_ptr(), m, n, k, threads)
+    return out
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [m, k] @ weight[n, k].T through cpu_layer.c's GEMV (float32, CPU, a few rows)."""
-    x = x.contiguous()
-    out = x.new_empty(x.shape[0], weight.shape[0])
-    _library().gemv_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], weight.shape[0],
-                        weight.shape[1], torch.get_num_threads())
-    return out
+    """x [m, k] @ weight[n, k].T for float32 weights (cpu_layer.c's GEMV)."""
+    return product(x, weight)
 
 
 class LayerCalls:
@@ -99,12 +119,14 @@ class LayerCalls:
         rows, seqs, lens = self.attend
         k_pool, v_pool = self.pools.k[layer.layer_idx], self.pools.v[layer.layer_idx]
         x = x.contiguous()
+        weights = [layer_weight(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
+        scales = (ctypes.c_void_p * 4)(*[s.data_ptr() if s is not None else None for _, s in weights])
         bad = _library().decoder_layer_f32(
             self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
             x.data_ptr(), residual.data_ptr() if residual is not None else None, self.residual_out.data_ptr(),
-            self.x_out.data_ptr(), layer.input_norm.data_ptr(), layer.qkv.weight.data_ptr(),
-            layer.o_proj.weight.data_ptr(), layer.post_norm.data_ptr(), layer.gate_up.weight.data_ptr(),
-            layer.down_proj.weight.data_ptr(), self.cos.data_ptr(), self.sin.data_ptr(),
+            self.x_out.data_ptr(), layer.input_norm.data_ptr(), weights[0][0].data_ptr(),
+            weights[1][0].data_ptr(), layer.post_norm.data_ptr(), weights[2][0].data_ptr(),
+            weights[3][0].data_ptr(), ctypes.cast(scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
             k_pool.data_ptr(), v_pool.data_ptr(), k_pool.shape[0], self.block_size, self.slots.data_ptr(),
             rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)

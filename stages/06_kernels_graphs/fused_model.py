@@ -25,7 +25,7 @@ from torch import nn
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
-from .cpu_layer import FEW_ROWS, LayerCalls, gemv, plain_weight
+from .cpu_layer import FEW_ROWS, LayerCalls, layer_weight, product
 from .cpu_ops import CpuOps
 
 
@@ -124,7 +124,7 @@ class FusedCausalLM(nn.Module):
             raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
         self.config, self.ops = model.config, OPS[ops]
         self.one_call_layers = one_call_layers and ops == "cpu"
-        self._plain_weights = None  # whether every linear is a bias-free float32 one: checked once
+        self._c_weights = None  # whether every linear is one cpu_layer.c takes: checked once
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
@@ -142,20 +142,21 @@ class FusedCausalLM(nn.Module):
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):
-        if self._one_call(hidden) and plain_weight(self.lm_head) is not None:
-            return gemv(hidden, self.lm_head.weight)
+        head = layer_weight(self.lm_head) if self._one_call(hidden) else None
+        if head is not None:
+            return product(hidden, *head)
         return self.lm_head(hidden).float()
 
     def _one_call(self, x) -> bool:
-        """cpu_layer.py's path: the cpu ops, few float32 rows, plain weights, its C compiled here."""
+        """cpu_layer.py's path: the cpu ops, few float32 rows, weights its C takes, its C compiled here."""
         if not self.one_call_layers or x.shape[0] > FEW_ROWS or x.dtype != torch.float32:
             return False
-        if self._plain_weights is None:
+        if self._c_weights is None:
             from .cpu_layer import layer_kernel_unavailable
-            self._plain_weights = layer_kernel_unavailable() is None and all(
-                plain_weight(linear) is not None for layer in self.layers
+            self._c_weights = layer_kernel_unavailable() is None and all(
+                layer_weight(linear) is not None for layer in self.layers
                 for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj))
-        return self._plain_weights
+        return self._c_weights
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

@@ -8,10 +8,10 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu_layer
 from course.s06_kernels_graphs.backends import make_backend
-from course.s06_kernels_graphs.cpu_layer import FEW_ROWS, LayerCalls, gemv
+from course.s06_kernels_graphs.cpu_layer import FEW_ROWS, LayerCalls, gemv, product
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
-from course.s06_kernels_graphs.int8_linear import quantize_linears
+from course.s06_kernels_graphs.int8_linear import Int8Linear, quantize_linears, quantize_rows
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.split_linear import split_linears
 
@@ -24,6 +24,42 @@ def test_gemv_equals_matmul(m, n, k):
     g = torch.Generator().manual_seed(m * n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     torch.testing.assert_close(gemv(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 3, FEW_ROWS])
+@pytest.mark.parametrize("n, k", [(12, 20), (7, 33), (960, 576)])
+def test_int8_gemv_equals_the_dequantized_matmul(m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    q, scale = quantize_rows(w)
+    want = x.double() @ (q.double() * scale.double()[:, None]).T
+    torch.testing.assert_close(product(x, q, scale), want.float(), atol=1e-4, rtol=1e-5)
+
+
+def _side(fused):
+    cache = PagedKVCache(fused.config, BLOCKS + 1, BLOCK)
+    attn = make_backend("cpu", cache)
+    return fused, cache, attn, ModelRunner(fused, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
+                                           dummy_block=BLOCKS)
+
+
+@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied"])
+def test_int8_one_call_layers_equal_the_dequantized_float_model(name, spy):
+    """With int8 weights the C layer computes what float32 weights equal to the dequantized
+    int8 ones compute (activations stay float32), lm_head included."""
+    model = tiny_model(name, seed=2)
+    int8 = quantize_linears(FusedCausalLM(model, ops="cpu"), parts=1)
+    floats = FusedCausalLM(model, ops="cpu", one_call_layers=False)
+    for path, module in list(int8.named_modules()):
+        if isinstance(module, Int8Linear):
+            parent, attr = floats.get_submodule(path.rpartition(".")[0]) if "." in path else floats, path.rpartition(".")[2]
+            linear = torch.nn.Linear(module.in_features, module.out_features, bias=False)
+            linear.weight.data = module.dequantized()  # a new module: a tied embedding keeps its weight
+            setattr(parent, attr, linear)
+    one_call, per_op = _side(int8), _side(floats)
+    for tokens, seqs in STEPS:
+        torch.testing.assert_close(_step(one_call, tokens, seqs), _step(per_op, tokens, seqs), atol=2e-4, rtol=1e-4)
+    assert len(spy) == len(STEPS) * model.config.num_hidden_layers
 
 
 @pytest.fixture
@@ -89,12 +125,6 @@ def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
     _step(bias, [1, 2, 3], [(0, 3, [0, 1, 2])])
     many, _ = _pair("gqa_tied")  # more rows than FEW_ROWS
     _step(many, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])
-    int8 = FusedCausalLM(tiny_model("gqa_tied"), ops="cpu")
-    quantize_linears(int8, parts=1)
-    cache = PagedKVCache(int8.config, BLOCKS + 1, BLOCK)
-    attn = make_backend("cpu", cache)
-    runner = ModelRunner(int8, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10, dummy_block=BLOCKS)
-    _step((int8, cache, attn, runner), [1, 2], [(0, 2, [0])])
     torch_ops, _ = _pair("gqa_tied")
     torch_backend = make_backend("torch", torch_ops[1])
     runner = ModelRunner(torch_ops[0], torch_backend, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
@@ -148,3 +178,23 @@ def test_default_model_one_call_layers_give_the_same_greedy_tokens(smollm2):
         engine = LLMEngine(smollm2.model, smollm2.tokenizer, config, smollm2.eos_token_ids)
         outputs.append([o.token_ids for o in engine.generate(prompts, params)])
     assert outputs[0] == outputs[1]
+
+
+def test_the_portable_c_without_avx512_computes_the_same_products():
+    """Machines without AVX-512 (most laptops) compile the plain-C loops instead: same results."""
+    import ctypes
+
+    from course.s06_kernels_graphs import native
+    lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + ["-mno-avx512f"])
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(3, 37, generator=g), torch.randn(10, 37, generator=g)
+    q, scale = quantize_rows(w)
+    out, out8 = torch.empty(3, 10), torch.empty(3, 10)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.gemv_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.gemv_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), 3, 10, 37, 2)
+    lib.gemv_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out8.data_ptr(), 3, 10, 37, 2)
+    torch.testing.assert_close(out, (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out8, (x.double() @ (q.double() * scale.double()[:, None]).T).float(),
+                               atol=1e-4, rtol=1e-5)
