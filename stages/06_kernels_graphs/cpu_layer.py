@@ -86,9 +86,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return product(x, weight)
 
 
+class LayerWeights:
+    """A layer's four weights (QKV, o, gate-up, down) as cpu_layer.c takes them, gathered once:
+    the tensors, and the scales' pointers in the array the C reads (NULL: float32 weights)."""
+
+    def __init__(self, weights):
+        self.weights = [w for w, _ in weights]
+        self.scale_tensors = [s for _, s in weights]  # kept alive for the pointers below
+        self.scales = (ctypes.c_void_p * 4)(*[s.data_ptr() if s is not None else None for s in self.scale_tensors])
+
+    @classmethod
+    def of(cls, layer) -> "LayerWeights | None":
+        weights = [layer_weight(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
+        return cls(weights) if all(w is not None for w in weights) else None
+
+
 class LayerCalls:
     """One forward's setup for the one-call layers: the step's metadata as pointers, and the
-    buffers every layer reuses. `run(layer, x, residual)` is FusedLayer.forward's contract."""
+    buffers every layer reuses. `run(layer, weights, x, residual)` returns what FusedLayer.forward
+    returns."""
 
     def __init__(self, model, x, cos, sin, attn, meta):
         m, c = x.shape[0], model.config
@@ -115,18 +131,16 @@ class LayerCalls:
         from .backends import CpuPagedBackend
         return isinstance(attn, CpuPagedBackend) and (meta.plan is None or meta.plan.native is not None)
 
-    def run(self, layer, x, residual):
+    def run(self, layer, weights: LayerWeights, x, residual):
         rows, seqs, lens = self.attend
         k_pool, v_pool = self.pools.k[layer.layer_idx], self.pools.v[layer.layer_idx]
-        x = x.contiguous()
-        weights = [layer_weight(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
-        scales = (ctypes.c_void_p * 4)(*[s.data_ptr() if s is not None else None for _, s in weights])
+        x, (qkv, o, gate_up, down) = x.contiguous(), weights.weights
         bad = _library().decoder_layer_f32(
             self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
             x.data_ptr(), residual.data_ptr() if residual is not None else None, self.residual_out.data_ptr(),
-            self.x_out.data_ptr(), layer.input_norm.data_ptr(), weights[0][0].data_ptr(),
-            weights[1][0].data_ptr(), layer.post_norm.data_ptr(), weights[2][0].data_ptr(),
-            weights[3][0].data_ptr(), ctypes.cast(scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
+            self.x_out.data_ptr(), layer.input_norm.data_ptr(), qkv.data_ptr(), o.data_ptr(),
+            layer.post_norm.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+            ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
             k_pool.data_ptr(), v_pool.data_ptr(), k_pool.shape[0], self.block_size, self.slots.data_ptr(),
             rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)

@@ -124,7 +124,7 @@ class FusedCausalLM(nn.Module):
             raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
         self.config, self.ops = model.config, OPS[ops]
         self.one_call_layers = one_call_layers and ops == "cpu"
-        self._c_weights = None  # whether every linear is one cpu_layer.c takes: checked once
+        self._c_weights = None  # cpu_layer.c's view of every layer's weights (False: not all its kind): made once
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
@@ -134,8 +134,8 @@ class FusedCausalLM(nn.Module):
         cos, sin = self.rotary_emb(meta.positions)
         if self._one_call(x) and LayerCalls.applies(attn, meta):
             calls = LayerCalls(self, x, cos, sin, attn, meta)
-            for layer in self.layers:
-                x, residual = calls.run(layer, x, residual)
+            for layer, weights in zip(self.layers, self._c_weights):
+                x, residual = calls.run(layer, weights, x, residual)
         else:
             for layer in self.layers:
                 x, residual = layer(x, residual, cos, sin, attn, meta, self.ops)
@@ -151,12 +151,11 @@ class FusedCausalLM(nn.Module):
         """cpu_layer.py's path: the cpu ops, few float32 rows, weights its C takes, its C compiled here."""
         if not self.one_call_layers or x.shape[0] > FEW_ROWS or x.dtype != torch.float32:
             return False
-        if self._c_weights is None:
-            from .cpu_layer import layer_kernel_unavailable
-            self._c_weights = layer_kernel_unavailable() is None and all(
-                layer_weight(linear) is not None for layer in self.layers
-                for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj))
-        return self._c_weights
+        if self._c_weights is None:  # the first time: after the engine has split or quantized the linears
+            from .cpu_layer import LayerWeights, layer_kernel_unavailable
+            weights = [LayerWeights.of(layer) for layer in self.layers]
+            self._c_weights = layer_kernel_unavailable() is None and all(weights) and weights
+        return bool(self._c_weights)
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

@@ -68,9 +68,9 @@ def spy(monkeypatch):
     calls = []
     run = LayerCalls.run
 
-    def counted(self, layer, x, residual):
+    def counted(self, layer, weights, x, residual):
         calls.append(layer.layer_idx)
-        return run(self, layer, x, residual)
+        return run(self, layer, weights, x, residual)
     monkeypatch.setattr(LayerCalls, "run", counted)
     return calls
 
