@@ -14,7 +14,7 @@ a wall clock around a call is the call's cost):
   prepare      host lists -> the runner's persistent buffers and the backend's metadata
   linear       every nn.Linear of the decoder (the GEMVs / GEMMs: the part bounded by the machine)
   attention    the attention backend (KV write + attention), all layers
-  layer calls  stage 06's one-call layers (cpu_layer.py: steps of a few rows): the GEMVs and
+  layer calls  stage 06's one-call layers (cpu_layer.py): the matrix products and
                everything between them, one C call per layer
   other fwd    the rest of the forward: embedding, norms, RoPE, SiLU, residual adds
   lm_head      logits of the sampling rows
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--linear-splits", type=int, help="stage 06's split linears (default: the thread count)")
     p.add_argument("--quantization", choices=["int8"], help="stage 06's int8 weight-only linears (implies --fused)")
     p.add_argument("--one-call-layers", action=argparse.BooleanOptionalAction, default=True,
-                   help="stage 06's one C call per layer for steps of a few rows (cpu_layer.py)")
+                   help="stage 06's one C call per layer (cpu_layer.py)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)

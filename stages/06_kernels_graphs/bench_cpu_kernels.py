@@ -16,8 +16,8 @@ the torch backend's default.
 
 3. One decode step's matrix products (SmolLM2-135M's 30 layers of merged QKV, o, merged
 gate-up and down, and the lm_head; random weights) at 1-32 rows: torch's `bmm` over row
-blocks (split_linear.py) against cpu_layer.c's GEMV, as GB/s of weights streamed. Where the
-GEMV wins is cpu_layer.FEW_ROWS.
+blocks (split_linear.py) against cpu_layer.c's product, as GB/s of weights streamed: its GEMV
+up to cpu_layer.FEW_ROWS rows (where the GEMV wins), torch's MKL sgemm past it.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 
 from .backends import CpuPagedBackend, TorchPagedBackend
-from .cpu_layer import gemv
+from .cpu_layer import FEW_ROWS, gemv
 from .split_linear import split_matmul
 from .fused_model import CpuOps, TorchOps
 from .testing import make_paged_case, one_layer_step
@@ -138,7 +138,8 @@ def main(argv=None) -> None:
             ops_rows.append({"tokens": tokens, "ms": ms, "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
             print(f"{tokens:4d} tokens  torch {ms['torch']:7.3f} ms  cpu {ms['cpu']:7.3f} ms   "
                   f"cpu {ms['torch'] / ms['cpu']:4.1f}x torch")
-        print("# one decode step's matrix products (30 layers + lm_head, fp32): torch bmm vs the C GEMV")
+        print("# one decode step's matrix products (30 layers + lm_head, fp32): torch bmm vs cpu_layer.c "
+              f"(its GEMV up to {FEW_ROWS} rows, MKL's sgemm past it)")
         matmul_rows = step_matmuls()
     if args.json:
         write_json(args.json, {"machine": machine, "attention": rows, "small_ops": ops_rows,

@@ -1,6 +1,6 @@
-/* A whole decoder layer in one call, for steps of a few rows (a single stream's decode, a
- * speculative verification, a small batch): the fused model's layer (fused_model.py) with
- * nothing between its parts but C.
+/* A whole decoder layer in one call: the fused model's layer (fused_model.py) with nothing
+ * between its parts but C. For every step where torch's MKL is found (see set_sgemm), else for
+ * steps of a few rows (a single stream's decode, a speculative verification, a small batch).
  *
  * Why: with one row a layer's four matrix-vector products take ~0.6 ms on our 2-core CPU,
  * and the ten or so Python calls around them (norms, RoPE, the KV write, attention, SiLU,
@@ -22,6 +22,21 @@
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
+
+/* Past a few rows a matrix product is compute-bound, and a BLAS GEMM with its packing and
+ * cache blocking beats this file's GEMV: torch's CPU build ships MKL's sgemm_, whose address
+ * the Python side hands over (set_sgemm). Without it, only steps of few_rows or fewer come here. */
+typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n, const int *k,
+                         const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
+                         const float *beta, float *c, const int *ldc);
+static sgemm_fn blas_sgemm = NULL;
+static int64_t few_rows = 8;
+
+void set_sgemm(void *fn, int64_t rows)
+{
+    blas_sgemm = (sgemm_fn)fn;
+    few_rows = rows;
+}
 
 /* Weight i of a row, as a float: float32 weights, or int8 ones (int8 is the row's type). */
 static inline float weight_at(const void *row, int int8, int64_t i)
@@ -69,6 +84,12 @@ static void dot4(const float *x, const void *w0, int int8, int64_t k, float *out
 static void product(const float *x, const void *w, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
                     int num_threads)
 {
+    if (!scale && m > few_rows && blas_sgemm) {  /* many rows: y^T = W x^T, column-major for BLAS */
+        const int ni = (int)n, mi = (int)m, ki = (int)k;
+        const float one = 1.f, zero = 0.f;
+        blas_sgemm("T", "N", &ni, &mi, &ki, &one, (const float *)w, &ki, x, &ki, &zero, y, &ni);
+        return;
+    }
     const int64_t quads = n / 4;
     #pragma omp parallel num_threads(num_threads)
     {

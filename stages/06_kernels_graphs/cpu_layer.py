@@ -1,24 +1,28 @@
-"""A decoder layer in one C call (cpu_layer.c) for steps of a few rows, and the lm_head's GEMV.
+"""A decoder layer in one C call (cpu_layer.c), and the lm_head's product.
 
-On the CPU a single stream's decode step is 30 layers of four matrix-vector products plus the
-small work between them. The products are bounded by how fast the weights stream from memory;
-the small work is bounded by Python: ~10 calls per layer (norms, RoPE, the KV write, attention,
-SiLU, module calls and views), ~0.15 ms a layer, a fifth of the step. `LayerCalls` runs each
-layer as one ctypes call instead, with everything between the products in C, and the products
-themselves in cpu_layer.c's GEMV, which streams weights faster than torch's `bmm` for a few
-rows (bench_cpu_kernels.py prints both).
+On the CPU a decode step is 30 layers of four matrix products plus the small work between them.
+The products are bounded by how fast the weights stream from memory (few rows) or by arithmetic
+(many); the small work is bounded by Python: ~10 calls per layer (norms, RoPE, the KV write,
+attention, SiLU, module calls and views), ~0.15 ms a layer, a fifth of a single stream's step
+and a tenth of a saturated one. `LayerCalls` runs each layer as one ctypes call instead, with
+everything between the products in C. The products of up to FEW_ROWS rows are cpu_layer.c's
+GEMV, which streams weights faster than torch's `bmm` for a few rows; bigger ones are the
+`sgemm_` of torch's own MKL, whose address is handed to the C (bench_cpu_kernels.py prints the
+GEMV against `bmm`).
 
 It applies where its C covers everything: the fused model with the cpu ops, the cpu attention
-backend, float32 or int8 (int8_linear.py's) weights without biases, at most FEW_ROWS rows.
-Anything else (prefill, a big batch, bf16) takes the per-op path, which is also the reference
-its tests use. With int8 weights the products read a quarter of the bytes and, unlike torch's
-int8 kernel, keep the activations in float32.
+backend, float32 or int8 (int8_linear.py's) weights without biases; past FEW_ROWS rows, float32
+weights and a torch that carries `sgemm_`. Anything else (bf16, biases, int8 past FEW_ROWS)
+takes the per-op path, which is also the reference its tests use. With int8 weights the
+products read a quarter of the bytes and, unlike torch's int8 kernel, keep the activations in
+float32.
 
-    python -m course.s06_kernels_graphs.bench_cpu_kernels   # one layer and the lm_head, both ways
+    python -m course.s06_kernels_graphs.bench_cpu_kernels   # the GEMV against torch's bmm
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 
 import torch
@@ -31,8 +35,8 @@ from .split_linear import SplitLinear
 SOURCE = Path(__file__).with_name("cpu_layer.c")
 FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what cpu_attention.c, included, needs
 # Rows up to which cpu_layer.c's GEMV beats torch's split bmm on our 2-core CPU
-# (bench_cpu_kernels.py: 1.11x at 1 row, 1.28x at 8, a tie at 16, 0.78x at 32: bmm's blocking
-# for many rows wins there).
+# (bench_cpu_kernels.py: 1.11x at 1 row, 1.28x at 8, a tie at 16, 0.78x at 32: a GEMM's blocking
+# for many rows wins there). Past it the C layer calls the sgemm of torch's own MKL.
 FEW_ROWS = 8
 
 
@@ -47,7 +51,26 @@ def _library():
     lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 13 + [ptr, ptr, i64, i64, ptr] + \
         [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
+    lib.set_sgemm.argtypes = [ptr, i64]
+    lib.set_sgemm.restype = None
+    lib.set_sgemm(_torch_sgemm(), FEW_ROWS)
     return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_sgemm() -> int | None:
+    """The address of the BLAS sgemm_ inside torch's CPU library (MKL on x86), or None."""
+    try:
+        return ctypes.cast(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).sgemm_,
+                           ctypes.c_void_p).value
+    except (OSError, AttributeError):
+        return None
+
+
+def many_rows_supported() -> bool:
+    """Whether float32 steps of more than FEW_ROWS rows can go through the C layer (a BLAS
+    sgemm was found for their products)."""
+    return _torch_sgemm() is not None
 
 
 def layer_kernel_unavailable() -> str | None:
@@ -69,7 +92,7 @@ def layer_weight(linear: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] 
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
-    """x [m, k] @ weight[n, k].T through cpu_layer.c (float32 x, a few rows); weight float32,
+    """x [m, k] @ weight[n, k].T through cpu_layer.c (float32 x); weight float32,
     or int8 with one float32 scale per row."""
     x = x.contiguous()
     out = x.new_empty(x.shape[0], weight.shape[0])
@@ -121,8 +144,13 @@ class LayerCalls:
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         layer = model.layers[0]
         qkv_width = (layer.n_heads + 2 * layer.n_kv) * layer.d
-        self.scratch = x.new_empty(m * (2 * self.hidden + qkv_width + layer.n_heads * layer.d + 3 * self.inter))
-        self.x_out, self.residual_out = x.new_empty(m, self.hidden), x.new_empty(m, self.hidden)
+        need = m * (4 * self.hidden + qkv_width + layer.n_heads * layer.d + 3 * self.inter)
+        if model._c_scratch is None or model._c_scratch.numel() < need:  # kept: big steps would page-fault anew
+            model._c_scratch = x.new_empty(need)
+        buffer = model._c_scratch
+        self.x_out = buffer[: m * self.hidden].view(m, self.hidden)
+        self.residual_out = buffer[m * self.hidden: 2 * m * self.hidden].view(m, self.hidden)
+        self.scratch = buffer[2 * m * self.hidden:]
         self.threads = torch.get_num_threads()
 
     @staticmethod

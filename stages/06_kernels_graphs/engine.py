@@ -35,7 +35,7 @@ class KernelEngineConfig(EngineConfig):
                                          # (split_linear.py; 1 = torch's linear, which decodes on one thread)
 
     quantization: str | None = None      # "int8": int8 weight-only linears (int8_linear.py); None: the model's dtype
-    one_call_layers: bool = True         # cpu backend, fused: a step of a few rows runs each layer as one C call
+    one_call_layers: bool = True         # cpu backend, fused: each layer of a step runs as one C call
                                          # (cpu_layer.py); False keeps the per-op path
 
     def __post_init__(self):

@@ -12,9 +12,9 @@ What changes, per layer (the unfused count in brackets):
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
 only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu_ops.c: C loops for the CPU).
-The attention backend is independent. With the cpu ops and the cpu attention backend, a step
-of a few rows runs each layer as one C call (cpu_layer.py; `one_call_layers=False` keeps the
-per-op path, which is what its tests compare it with).
+The attention backend is independent. With the cpu ops and the cpu attention backend, each
+layer of a step runs as one C call (cpu_layer.py; `one_call_layers=False` keeps the per-op
+path, which is what its tests compare it with).
 """
 from __future__ import annotations
 
@@ -125,6 +125,8 @@ class FusedCausalLM(nn.Module):
         self.config, self.ops = model.config, OPS[ops]
         self.one_call_layers = one_call_layers and ops == "cpu"
         self._c_weights = None  # cpu_layer.c's view of every layer's weights (False: not all its kind): made once
+        self._c_float = False   # all of them float32: steps of any size can go through cpu_layer.c
+        self._c_scratch = None  # cpu_layer.py's buffers, kept between steps
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
@@ -143,19 +145,22 @@ class FusedCausalLM(nn.Module):
 
     def compute_logits(self, hidden):
         head = layer_weight(self.lm_head) if self._one_call(hidden) else None
-        if head is not None:
+        if head is not None and (hidden.shape[0] <= FEW_ROWS or head[1] is None):
             return product(hidden, *head)
         return self.lm_head(hidden).float()
 
     def _one_call(self, x) -> bool:
-        """cpu_layer.py's path: the cpu ops, few float32 rows, weights its C takes, its C compiled here."""
-        if not self.one_call_layers or x.shape[0] > FEW_ROWS or x.dtype != torch.float32:
+        """cpu_layer.py's path: the cpu ops, float32 activations, weights its C takes, its C
+        compiled here; more than FEW_ROWS rows only with float32 weights and a BLAS sgemm."""
+        if not self.one_call_layers or x.dtype != torch.float32:
             return False
         if self._c_weights is None:  # the first time: after the engine has split or quantized the linears
-            from .cpu_layer import LayerWeights, layer_kernel_unavailable
+            from .cpu_layer import LayerWeights, layer_kernel_unavailable, many_rows_supported
             weights = [LayerWeights.of(layer) for layer in self.layers]
             self._c_weights = layer_kernel_unavailable() is None and all(weights) and weights
-        return bool(self._c_weights)
+            self._c_float = bool(self._c_weights) and many_rows_supported() and all(
+                scale is None for w in self._c_weights for scale in w.scale_tensors)
+        return bool(self._c_weights) and (x.shape[0] <= FEW_ROWS or self._c_float)
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

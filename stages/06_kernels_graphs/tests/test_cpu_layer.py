@@ -107,10 +107,15 @@ STEPS = [
 ]
 
 
+# more rows than FEW_ROWS: a 12-token prompt beside a decode (the products go to BLAS sgemm)
+BIG_STEP = (list(range(30, 43)), [(0, 12, [9, 10, 11]), (8, 1, [6, 7, 8])])
+
+
 @pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope"])
 def test_one_call_layers_equal_the_per_op_path(name, spy):
     one_call, per_op = _pair(name)
-    for tokens, seqs in STEPS:
+    assert cpu_layer.many_rows_supported()  # torch's CPU build carries MKL's sgemm_
+    for tokens, seqs in STEPS + [BIG_STEP]:
         before = len(spy)
         got, want = _step(one_call, tokens, seqs), _step(per_op, tokens, seqs)
         torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
@@ -123,8 +128,8 @@ def test_one_call_layers_equal_the_per_op_path(name, spy):
 def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
     bias, _ = _pair("qwen2_bias")  # a QKV bias: not in the C layer
     _step(bias, [1, 2, 3], [(0, 3, [0, 1, 2])])
-    many, _ = _pair("gqa_tied")  # more rows than FEW_ROWS
-    _step(many, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])
+    int8 = _side(quantize_linears(FusedCausalLM(tiny_model("gqa_tied"), ops="cpu"), parts=1))
+    _step(int8, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])  # int8 and many rows
     torch_ops, _ = _pair("gqa_tied")
     torch_backend = make_backend("torch", torch_ops[1])
     runner = ModelRunner(torch_ops[0], torch_backend, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
@@ -157,6 +162,15 @@ def test_engine_tokens_are_the_same_with_and_without_one_call_layers(name, byte_
         outputs.append([o.token_ids for o in LLMEngine(copy.deepcopy(model), byte_tok, config).generate(prompts, params)])
     assert outputs[0] == outputs[1]
     assert spy  # decode steps of 3 rows ran through the C layer
+
+
+def test_without_a_blas_only_few_rows_take_the_c_layer(monkeypatch, spy):
+    monkeypatch.setattr(cpu_layer, "many_rows_supported", lambda: False)
+    side, _ = _pair("gqa_tied")
+    _step(side, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])
+    assert spy == []
+    _step(side, [1], [(FEW_ROWS + 1, 1, [0, 1, 2])])
+    assert len(spy) == side[0].config.num_hidden_layers
 
 
 def test_without_a_compiler_the_per_op_path_runs(monkeypatch, spy):
