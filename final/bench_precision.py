@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_speed:
             settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, dtype=dtype,
                                        attention_backend=None, fused=None, linear_splits=None,
-                                       quantization=quantization)  # bench_profile's flags, left to the defaults
+                                       quantization=quantization, one_call_layers=True)  # bench_profile's defaults
             for workload in ("single", "saturated"):
                 r = profile(loaded, settings, workload)
                 row[f"{workload}_output_tok_s"] = r["output_tok_s"]

@@ -29,7 +29,6 @@ many rows as the step has, back to back, outside the engine, by the fastest of t
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import platform
 import time
@@ -46,8 +45,9 @@ from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s06_kernels_graphs.int8_linear import Int8Linear
-from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight, product
-from course.s06_kernels_graphs.split_linear import SplitLinear, split_matmul
+from course.s06_kernels_graphs.bench_cpu_kernels import time_products
+from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight
+from course.s06_kernels_graphs.split_linear import SplitLinear
 
 from .engine import Engine
 from .kernel_defaults import kernel_defaults
@@ -76,7 +76,6 @@ class PhaseClock:
     def wrap(self, obj, attr: str, name: str) -> None:
         inner = getattr(obj, attr)
 
-        @functools.wraps(inner)
         def timed(*args, **kwargs):
             with self.phase(name):
                 return inner(*args, **kwargs)
@@ -98,18 +97,22 @@ def instrument(engine: Engine, clock: PhaseClock) -> None:
         if isinstance(module, (nn.Linear, SplitLinear, Int8Linear)) and module is not getattr(model, "lm_head", None):
             clock.wrap(module, "forward", "linear")
     clock.wrap(engine, "step", "step")
-    clock.wrap(LayerCalls, "run", "layer calls")  # made per forward: timed on the class (see uninstrument)
-    original = batching.sample_batch
+    # Two parts live outside the engine, so their wrappers are undone by uninstrument(): the
+    # one-call layers (made per forward: timed on the class) and the batched sampler (the
+    # module-level name _postprocess calls).
+    for owner, attr, name in ((LayerCalls, "run", "layer calls"), (batching, "sample_batch", "sample")):
+        _PATCHED.append((owner, attr, owner.__dict__[attr]))
+        clock.wrap(owner, attr, name)
 
-    def timed_sample(*args, **kwargs):
-        with clock.phase("sample"):
-            return original(*args, **kwargs)
 
-    batching.sample_batch = timed_sample  # the name _postprocess calls
+_PATCHED: list[tuple[object, str, object]] = []  # (owner, attribute, what it held before instrument)
 
 
 def uninstrument() -> None:
-    LayerCalls.run = LayerCalls.__dict__["run"].__wrapped__
+    """Put back what instrument() wrapped outside the engine."""
+    while _PATCHED:
+        owner, attr, original = _PATCHED.pop()
+        setattr(owner, attr, original)
 
 
 def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
@@ -122,19 +125,8 @@ def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
     weights.append(layer_weight(model.lm_head) if layers else None)
     if not layers or any(w is None for w in weights):
         return None
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in weights}
-    threads = torch.get_num_threads()
-    ways = {"C GEMV": lambda w, scale: product(inputs[w.shape[1]], w, scale)}
-    if all(scale is None for _, scale in weights):
-        ways["torch bmm"] = lambda w, scale: split_matmul(inputs[w.shape[1]], w, threads)
-    times = {name: [] for name in ways}
-    for _ in range(reps):
-        for name, fn in ways.items():
-            t = time.perf_counter()
-            for w, scale in weights:
-                fn(w, scale)
-            times[name].append(time.perf_counter() - t)
-    return {name: sorted(ts)[reps // 2] for name, ts in times.items()}
+    seconds = time_products(weights, rows, reps)
+    return {"C GEMV": seconds["C"]} | ({"torch bmm": seconds["bmm"]} if "bmm" in seconds else {})
 
 
 def breakdown(clock: PhaseClock) -> dict[str, float]:
@@ -157,7 +149,7 @@ def kernel_settings(args) -> dict:
 def build_engine(loaded, args) -> Engine:
     config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
-                                one_call_layers=getattr(args, "one_call_layers", True), **kernel_settings(args))
+                                one_call_layers=args.one_call_layers, **kernel_settings(args))
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
 
 

@@ -1,7 +1,7 @@
 """The profiler and the peer benchmark count what they claim to count (on the tiny model;
 their figures come from the default model, in the READMEs)."""
 from course.final.bench_peers import measure_server
-from course.final.bench_profile import PHASES, PhaseClock, breakdown, instrument
+from course.final.bench_profile import PHASES, PhaseClock, breakdown, instrument, uninstrument
 from course.final.engine import Engine
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
@@ -9,12 +9,19 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 
 def test_phases_add_up_to_the_steps_and_every_part_is_timed(byte_tok):
+    import course.s04_continuous_batching.engine as batching
+    from course.s06_kernels_graphs.cpu_layer import LayerCalls
+    before = (batching.sample_batch, LayerCalls.__dict__["run"])
     config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12, fused=True, linear_splits=2)
     engine = Engine(tiny_model("gqa_tied"), byte_tok, config, prefetch_masks=False)
     clock = PhaseClock()
     instrument(engine, clock)
-    outputs = engine.generate([list(b"hello there"), list(b"a longer prompt than the budget")],
-                              SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True))
+    try:
+        outputs = engine.generate([list(b"hello there"), list(b"a longer prompt than the budget")],
+                                  SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True))
+    finally:
+        uninstrument()  # the sampler and the one-call layers are wrapped module- and class-wide
+    assert (batching.sample_batch, LayerCalls.__dict__["run"]) == before
     assert [len(o.token_ids) for o in outputs] == [5, 5]
     phases = breakdown(clock)
     assert set(phases) == set(PHASES)

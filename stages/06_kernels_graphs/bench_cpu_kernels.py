@@ -30,7 +30,7 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 
 from .backends import CpuPagedBackend, TorchPagedBackend
-from .cpu_layer import FEW_ROWS, gemv
+from .cpu_layer import FEW_ROWS, product
 from .split_linear import split_matmul
 from .fused_model import CpuOps, TorchOps
 from .testing import make_paged_case, one_layer_step
@@ -90,25 +90,35 @@ def layer_ops(ops, tokens: int, hidden: int = 576, intermediate: int = 1536):
     return run
 
 
+def time_products(weights, rows: int, reps: int = 5) -> dict[str, float]:
+    """Median seconds to multiply `rows` random rows by every weight of `weights` back to back
+    ((weight, scale) pairs, as cpu_layer.layer_weight gives them): "C" is cpu_layer.c's product,
+    "bmm" torch's split bmm (only where every weight is float32). Interleaved, so a slow spell
+    of the machine hits both."""
+    x = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in weights}
+    ways = {"C": lambda w, scale: product(x[w.shape[1]], w, scale)}
+    if all(scale is None for _, scale in weights):
+        ways["bmm"] = lambda w, scale: split_matmul(x[w.shape[1]], w, torch.get_num_threads())
+    times = {name: [] for name in ways}
+    for _ in range(reps):
+        for name, fn in ways.items():
+            t = time.perf_counter()
+            for w, scale in weights:
+                fn(w, scale)
+            times[name].append(time.perf_counter() - t)
+    return {name: sorted(ts)[reps // 2] for name, ts in times.items()}
+
+
 def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32), reps: int = 5) -> list[dict]:
     """Every weight of one SmolLM2-135M decode step times `rows` rows: split bmm vs C GEMV."""
     g = torch.Generator().manual_seed(0)
     shapes = [((HEADS + 2 * KV_HEADS) * DIM, 576), (576, HEADS * DIM), (2 * 1536, 576), (576, 1536)] * 30
-    weights = [torch.randn(n, k, generator=g) for n, k in shapes + [(49152, 576)]]
-    nbytes = sum(w.numel() * 4 for w in weights)
+    weights = [(torch.randn(n, k, generator=g), None) for n, k in shapes + [(49152, 576)]]
+    nbytes = sum(w.numel() * 4 for w, _ in weights)
     out = []
     for rows in rows_list:
-        x = {k: torch.randn(rows, k, generator=g) for k in (576, 1536)}
-        ways = {"bmm": lambda w: split_matmul(x[w.shape[1]], w, torch.get_num_threads()),
-                "gemv": lambda w: gemv(x[w.shape[1]], w)}
-        times = {name: [] for name in ways}
-        for _ in range(reps):  # interleaved, so a slow spell of the machine hits both
-            for name, fn in ways.items():
-                t = time.perf_counter()
-                for w in weights:
-                    fn(w)
-                times[name].append(time.perf_counter() - t)
-        ms = {name: 1e3 * sorted(ts)[reps // 2] for name, ts in times.items()}
+        seconds = time_products(weights, rows, reps)
+        ms = {"bmm": 1e3 * seconds["bmm"], "gemv": 1e3 * seconds["C"]}
         out.append({"rows": rows, "ms": ms, "gemv_speedup_vs_bmm": ms["bmm"] / ms["gemv"],
                     "GBps": {name: nbytes / t / 1e6 for name, t in ms.items()}})
         print(f"{rows:4d} rows  bmm {ms['bmm']:7.1f} ms ({nbytes / ms['bmm'] / 1e6:4.1f} GB/s)  gemv {ms['gemv']:7.1f} ms"

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import native
+from .backends import CpuPagedBackend
 from .int8_linear import Int8Linear
 from .split_linear import SplitLinear
 
@@ -156,7 +157,6 @@ class LayerCalls:
     @staticmethod
     def applies(attn, meta) -> bool:
         """The step's side of the conditions (the model's is FusedCausalLM._one_call)."""
-        from .backends import CpuPagedBackend
         return isinstance(attn, CpuPagedBackend) and (meta.plan is None or meta.plan.native is not None)
 
     def run(self, layer, weights: LayerWeights, x, residual):

@@ -25,7 +25,8 @@ from torch import nn
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
-from .cpu_layer import FEW_ROWS, LayerCalls, layer_weight, product
+from . import cpu_layer
+from .cpu_layer import FEW_ROWS, LayerCalls, LayerWeights, layer_weight, product
 from .cpu_ops import CpuOps
 
 
@@ -125,6 +126,7 @@ class FusedCausalLM(nn.Module):
         self.config, self.ops = model.config, OPS[ops]
         self.one_call_layers = one_call_layers and ops == "cpu"
         self._c_weights = None  # cpu_layer.c's view of every layer's weights (False: not all its kind): made once
+        self._c_head = None     # ... and of the lm_head's (None: not its kind)
         self._c_float = False   # all of them float32: steps of any size can go through cpu_layer.c
         self._c_scratch = None  # cpu_layer.py's buffers, kept between steps
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
@@ -144,7 +146,7 @@ class FusedCausalLM(nn.Module):
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):
-        head = layer_weight(self.lm_head) if self._one_call(hidden) else None
+        head = self._c_head if self._one_call(hidden) else None
         if head is not None and (hidden.shape[0] <= FEW_ROWS or head[1] is None):
             return product(hidden, *head)
         return self.lm_head(hidden).float()
@@ -155,10 +157,10 @@ class FusedCausalLM(nn.Module):
         if not self.one_call_layers or x.dtype != torch.float32:
             return False
         if self._c_weights is None:  # the first time: after the engine has split or quantized the linears
-            from .cpu_layer import LayerWeights, layer_kernel_unavailable, many_rows_supported
             weights = [LayerWeights.of(layer) for layer in self.layers]
-            self._c_weights = layer_kernel_unavailable() is None and all(weights) and weights
-            self._c_float = bool(self._c_weights) and many_rows_supported() and all(
+            self._c_weights = cpu_layer.layer_kernel_unavailable() is None and all(weights) and weights
+            self._c_head = layer_weight(self.lm_head)
+            self._c_float = bool(self._c_weights) and cpu_layer.many_rows_supported() and all(
                 scale is None for w in self._c_weights for scale in w.scale_tensors)
         return bool(self._c_weights) and (x.shape[0] <= FEW_ROWS or self._c_float)
 

@@ -7,7 +7,7 @@ padded with a poisoned block id, and outputs start as NaN (an unwritten row stay
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,6 +30,11 @@ class PagedCase:
     @property
     def max_query_len(self) -> int:
         return max(self.query_lens)
+
+    def cpu(self) -> "PagedCase":
+        """The same case on the CPU (reference_attention's side of a GPU check)."""
+        tensors = ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "cu_seqlens_q")
+        return replace(self, **{name: getattr(self, name).cpu() for name in tensors})
 
 
 def make_paged_case(seq_lens: list[int], query_lens: list[int], *, num_heads: int, num_kv_heads: int,

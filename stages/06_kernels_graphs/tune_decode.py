@@ -95,9 +95,7 @@ def _correct(block_n, warps, splits, dtype) -> bool:
                                head_dim=HEAD_DIM, block_size=PAGE, dtype=dtype, device="cuda")
         got = paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                                      num_splits=splits, block_n=block_n, num_warps=warps)
-        for name in ("q", "k_cache", "v_cache", "block_tables", "seq_lens", "cu_seqlens_q"):
-            setattr(case, name, getattr(case, name).cpu())
-        want = reference_attention(case)
+        want = reference_attention(case.cpu())
         _checked[key] = bool(torch.allclose(got.float().cpu(), want, atol=3e-2, rtol=3e-2))
     return _checked[key]
 
