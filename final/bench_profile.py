@@ -24,7 +24,8 @@ a wall clock around a call is the call's cost):
 `step within N x its GEMVs` (issue 19's first goal) is the step's time over the time of its
 matrix products alone: every weight of one step (decoder linears and lm_head) multiplied by as
 many rows as the step has, back to back, outside the engine, by the fastest of torch's split
-`bmm` and stage 06's C GEMV (`gemv_floor`). Without one-call layers `step / linear` is printed too.
+`bmm`, MKL's sgemm and stage 06's C kernel (`gemv_floor`). Without one-call layers
+`step / linear` is printed too.
 """
 from __future__ import annotations
 
@@ -117,7 +118,8 @@ def uninstrument() -> None:
 
 def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
     """Seconds for one step's matrix products alone (every decoder weight and the lm_head times
-    `rows` rows, back to back): the C GEMV, and torch's split bmm where the weights are float32.
+    `rows` rows, back to back): stage 06's C product, and MKL's sgemm and torch's split bmm
+    where the weights are float32.
     None for a model whose linears the C does not take (bf16, biases)."""
     layers = getattr(model, "layers", None)
     weights = [layer_weight(lin) for layer in layers or [] for lin in (layer.qkv, layer.o_proj, layer.gate_up,
@@ -126,7 +128,8 @@ def gemv_floor(model, rows: int = 1, reps: int = 7) -> dict[str, float] | None:
     if not layers or any(w is None for w in weights):
         return None
     seconds = time_products(weights, rows, reps)
-    return {"C GEMV": seconds["C"]} | ({"torch bmm": seconds["bmm"]} if "bmm" in seconds else {})
+    names = {"C": "C kernel", "MKL": "MKL sgemm", "bmm": "torch bmm"}
+    return {names[way]: t for way, t in seconds.items()}
 
 
 def breakdown(clock: PhaseClock) -> dict[str, float]:

@@ -15,9 +15,10 @@ the torch backend's default.
 256 tokens: fused_model.py's TorchOps against CpuOps (cpu_ops.c).
 
 3. One decode step's matrix products (SmolLM2-135M's 30 layers of merged QKV, o, merged
-gate-up and down, and the lm_head; random weights) at 1-32 rows: torch's `bmm` over row
-blocks (split_linear.py) against cpu_layer.c's product, as GB/s of weights streamed: its GEMV
-up to cpu_layer.FEW_ROWS rows (where the GEMV wins), torch's MKL sgemm past it.
+gate-up and down, and the lm_head; random weights) at 1-128 rows: cpu_layer.c's product (its
+register-blocked kernel up to cpu_layer.BLOCKED_ROWS rows, where it wins, MKL's sgemm past it)
+against MKL's sgemm (torch's `F.linear`) and torch's `bmm` over row blocks (split_linear.py),
+as GB/s of weights streamed and GFLOP/s.
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ import platform
 import time
 
 import torch
+import torch.nn.functional as F
 
 from course.s01_decode_loop.benchmark import write_json
 
 from .backends import CpuPagedBackend, TorchPagedBackend
-from .cpu_layer import FEW_ROWS, product
+from .cpu_layer import BLOCKED_ROWS, product
 from .split_linear import split_matmul
 from .fused_model import CpuOps, TorchOps
 from .testing import make_paged_case, one_layer_step
@@ -92,12 +94,13 @@ def layer_ops(ops, tokens: int, hidden: int = 576, intermediate: int = 1536):
 
 def time_products(weights, rows: int, reps: int = 5) -> dict[str, float]:
     """Median seconds to multiply `rows` random rows by every weight of `weights` back to back
-    ((weight, scale) pairs, as cpu_layer.layer_weight gives them): "C" is cpu_layer.c's product,
-    "bmm" torch's split bmm (only where every weight is float32). Interleaved, so a slow spell
-    of the machine hits both."""
+    ((weight, scale) pairs, as cpu_layer.layer_weight gives them): "C" is cpu_layer.c's product;
+    where every weight is float32 also "MKL" (torch's F.linear, which is MKL's sgemm) and "bmm"
+    (torch's split bmm). Interleaved, so a slow spell of the machine hits all of them."""
     x = {w.shape[1]: torch.randn(rows, w.shape[1]) for w, _ in weights}
     ways = {"C": lambda w, scale: product(x[w.shape[1]], w, scale)}
     if all(scale is None for _, scale in weights):
+        ways["MKL"] = lambda w, scale: F.linear(x[w.shape[1]], w)
         ways["bmm"] = lambda w, scale: split_matmul(x[w.shape[1]], w, torch.get_num_threads())
     times = {name: [] for name in ways}
     for _ in range(reps):
@@ -109,20 +112,22 @@ def time_products(weights, rows: int, reps: int = 5) -> dict[str, float]:
     return {name: sorted(ts)[reps // 2] for name, ts in times.items()}
 
 
-def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32), reps: int = 5) -> list[dict]:
-    """Every weight of one SmolLM2-135M decode step times `rows` rows: split bmm vs C GEMV."""
+def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32, 64, 128), reps: int = 5) -> list[dict]:
+    """Every weight of one SmolLM2-135M decode step times `rows` rows: cpu_layer.c's product
+    against MKL's sgemm and torch's split bmm."""
     g = torch.Generator().manual_seed(0)
     shapes = [((HEADS + 2 * KV_HEADS) * DIM, 576), (576, HEADS * DIM), (2 * 1536, 576), (576, 1536)] * 30
     weights = [(torch.randn(n, k, generator=g), None) for n, k in shapes + [(49152, 576)]]
-    nbytes = sum(w.numel() * 4 for w, _ in weights)
+    nbytes, flops = sum(w.numel() * 4 for w, _ in weights), sum(2 * w.numel() for w, _ in weights)
     out = []
     for rows in rows_list:
-        seconds = time_products(weights, rows, reps)
-        ms = {"bmm": 1e3 * seconds["bmm"], "gemv": 1e3 * seconds["C"]}
-        out.append({"rows": rows, "ms": ms, "gemv_speedup_vs_bmm": ms["bmm"] / ms["gemv"],
-                    "GBps": {name: nbytes / t / 1e6 for name, t in ms.items()}})
-        print(f"{rows:4d} rows  bmm {ms['bmm']:7.1f} ms ({nbytes / ms['bmm'] / 1e6:4.1f} GB/s)  gemv {ms['gemv']:7.1f} ms"
-              f" ({nbytes / ms['gemv'] / 1e6:4.1f} GB/s)   gemv {ms['bmm'] / ms['gemv']:4.2f}x bmm")
+        ms = {name: 1e3 * t for name, t in time_products(weights, rows, reps).items()}
+        out.append({"rows": rows, "ms": ms, "C_speedup": {name: t / ms["C"] for name, t in ms.items() if name != "C"},
+                    "GBps": {name: nbytes / t / 1e6 for name, t in ms.items()},
+                    "GFLOPs": {name: rows * flops / t / 1e6 for name, t in ms.items()}})
+        cells = "  ".join(f"{name} {t:6.1f} ms ({nbytes / t / 1e6:4.1f} GB/s, {rows * flops / t / 1e6:4.0f} GFLOP/s)"
+                          for name, t in ms.items())
+        print(f"{rows:4d} rows  {cells}   C {ms['MKL'] / ms['C']:4.2f}x MKL, {ms['bmm'] / ms['C']:4.2f}x bmm")
     return out
 
 
@@ -148,8 +153,8 @@ def main(argv=None) -> None:
             ops_rows.append({"tokens": tokens, "ms": ms, "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
             print(f"{tokens:4d} tokens  torch {ms['torch']:7.3f} ms  cpu {ms['cpu']:7.3f} ms   "
                   f"cpu {ms['torch'] / ms['cpu']:4.1f}x torch")
-        print("# one decode step's matrix products (30 layers + lm_head, fp32): torch bmm vs cpu_layer.c "
-              f"(its GEMV up to {FEW_ROWS} rows, MKL's sgemm past it)")
+        print("# one decode step's matrix products (30 layers + lm_head, fp32): cpu_layer.c (its blocked kernel up "
+              f"to {BLOCKED_ROWS} rows, MKL's sgemm past it) vs MKL's sgemm (F.linear) and torch's split bmm")
         matmul_rows = step_matmuls()
     if args.json:
         write_json(args.json, {"machine": machine, "attention": rows, "small_ops": ops_rows,

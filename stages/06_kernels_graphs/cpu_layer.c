@@ -1,15 +1,15 @@
 /* A whole decoder layer in one call: the fused model's layer (fused_model.py) with nothing
- * between its parts but C. For every step where torch's MKL is found (see set_sgemm), else for
- * steps of a few rows (a single stream's decode, a speculative verification, a small batch).
+ * between its parts but C, for every step (one row or hundreds).
  *
  * Why: with one row a layer's four matrix-vector products take ~0.6 ms on our 2-core CPU,
  * and the ten or so Python calls around them (norms, RoPE, the KV write, attention, SiLU,
  * the module calls and views) another ~0.2 ms: a fifth of the step. Here the Python side
- * makes one call per layer. The products are this file's GEMV (each thread streams its share
- * of the weight rows once, four rows at a time; float32 weights, or int8_linear.py's int8
- * ones widened in registers); the rest is cpu_ops.c and cpu_attention.c,
- * included below, so the layer computes what the per-op path computes, up to the order of
- * its sums.
+ * makes one call per layer. The products are this file's register-blocked kernel (each
+ * thread streams its share of the weight rows once, four rows at a time, past which the
+ * activation rows go four at a time; float32 weights, or int8_linear.py's int8 ones widened
+ * in registers), or MKL's sgemm for float32 steps of many rows; the rest is cpu_ops.c and
+ * cpu_attention.c, included below, so the layer computes what the per-op path computes, up to
+ * the order of its sums.
  *
  * Compiled with -ffast-math, as cpu_attention.c needs (vectorized exp).
  */
@@ -23,19 +23,19 @@
 #include <immintrin.h>
 #endif
 
-/* Past a few rows a matrix product is compute-bound, and a BLAS GEMM with its packing and
- * cache blocking beats this file's GEMV: torch's CPU build ships MKL's sgemm_, whose address
- * the Python side hands over (set_sgemm). Without it, only steps of few_rows or fewer come here. */
+/* Past ~100 rows a BLAS GEMM, with its packing and cache blocking over k, beats this file's
+ * blocked kernel: torch's CPU build ships MKL's sgemm_, whose address the Python side hands over
+ * (set_sgemm), with the rows past which to use it. Without it, the blocked kernel does all. */
 typedef void (*sgemm_fn)(const char *transa, const char *transb, const int *m, const int *n, const int *k,
                          const float *alpha, const float *a, const int *lda, const float *b, const int *ldb,
                          const float *beta, float *c, const int *ldc);
 static sgemm_fn blas_sgemm = NULL;
-static int64_t few_rows = 8;
+static int64_t blocked_rows = 64;
 
 void set_sgemm(void *fn, int64_t rows)
 {
     blas_sgemm = (sgemm_fn)fn;
-    few_rows = rows;
+    blocked_rows = rows;
 }
 
 /* Weight i of a row, as a float: float32 weights, or int8 ones (int8 is the row's type). */
@@ -46,79 +46,135 @@ static inline float weight_at(const void *row, int int8, int64_t i)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR_DOT 1
+/* 16 floats from x[i] on (mask: those that exist). */
+static inline __m512 floats16(const float *x, int64_t i, __mmask16 mask)
+{
+    return mask == (__mmask16)0xFFFF ? _mm512_loadu_ps(x + i) : _mm512_maskz_loadu_ps(mask, x + i);
+}
+
 /* 16 weights of a row from `i` on, as floats (int8 ones widened in registers). */
 static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 mask)
 {
-    if (int8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, (const int8_t *)row + i)));
-    return _mm512_maskz_loadu_ps(mask, (const float *)row + i);
+    if (!int8) return floats16((const float *)row, i, mask);
+    const int8_t *q = (const int8_t *)row + i;
+    const __m128i bytes = mask == (__mmask16)0xFFFF ? _mm_loadu_si128((const __m128i *)q) : _mm_maskz_loadu_epi8(mask, q);
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
 }
 #endif
 
-/* Four weight rows (w0 and the next three, k weights each) times one activation row:
- * out[c] = sum_i x[i] * w_c[i]. Each load of x serves four rows; every weight byte is read once. */
-static void dot4(const float *x, const void *w0, int int8, int64_t k, float *out)
-{
-    const int64_t stride = int8 ? k : k * (int64_t)sizeof(float);
-    const char *rows[4] = {(const char *)w0, (const char *)w0 + stride, (const char *)w0 + 2 * stride,
-                           (const char *)w0 + 3 * stride};
+/* A block of the product: rw weight rows (from w, `stride` bytes apart) times rx activation
+ * rows (from x, k floats apart): y[r * ldy + c] = sum_i x[r, i] * w_c[i].
+ *
+ * Why blocks: one activation row's dot products use each weight vector once, and their few
+ * sums each wait on their last multiply-add (4 cycles): past a couple of rows the loop, not
+ * memory, is the limit (1.3-1.5x slower than MKL at 32 rows). Here each weight vector
+ * loaded serves rx rows and each activation vector rw weight rows, and the rw * rx sums are
+ * independent: enough to keep both FMA units of a core busy. The weight block (4 rows, at
+ * most 24 KB) stays in L1 while the activation rows pass over it, so each weight byte comes
+ * from memory once a step whatever its rows. 4 x 4 measured as well as 4 x 5, 4 x 6, 5 x 4
+ * (bench_cpu_kernels.py, 8-128 rows). Always inlined with constant rw, rx and int8, so the
+ * compiler keeps the sums in registers; whole vectors use plain loads, since a masked load
+ * costs an extra uop (the masked loop was 1.3x slower). */
+#define WROWS 4
+#define XROWS 4
+
 #ifdef VECTOR_DOT
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+static inline __attribute__((always_inline)) void dot_block(const float *x, const char *w, int64_t stride,
+                                                            const int int8, int64_t k, float *y, int64_t ldy,
+                                                            const int rw, const int rx)
+{
+    __m512 acc[WROWS][XROWS], wv[WROWS];
+    #pragma GCC unroll 4
+    for (int c = 0; c < rw; c++)
+        #pragma GCC unroll 4
+        for (int r = 0; r < rx; r++) acc[c][r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i += 16) {
-        const __mmask16 mask = k - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
-        const __m512 xv = _mm512_maskz_loadu_ps(mask, x + i);
-        for (int c = 0; c < 4; c++) acc[c] = _mm512_fmadd_ps(xv, weights16(rows[c], int8, i, mask), acc[c]);
+        /* whole vectors, then the last k % 16 (the loop is split, so whole ones use plain loads) */
+        const __mmask16 mask = i + 16 <= k ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) wv[c] = weights16(w + c * stride, int8, i, mask);
+        #pragma GCC unroll 4
+        for (int r = 0; r < rx; r++) {
+            const __m512 xv = floats16(x + r * k, i, mask);
+            #pragma GCC unroll 4
+            for (int c = 0; c < rw; c++) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
+        }
     }
-    for (int c = 0; c < 4; c++) out[c] = _mm512_reduce_add_ps(acc[c]);
-#else
-    for (int c = 0; c < 4; c++) {
-        float s = 0.f;
-        for (int64_t i = 0; i < k; i++) s += x[i] * weight_at(rows[c], int8, i);
-        out[c] = s;
-    }
-#endif
+    #pragma GCC unroll 4
+    for (int r = 0; r < rx; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) y[r * ldy + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
+
+/* dot_block with int8, rw (WROWS, or 1 for the last n % WROWS weight rows) and rx (1..XROWS)
+ * as compile-time constants: one copy of the loop per case. */
+static void dot_block_any(const float *x, const char *w, int64_t stride, int int8, int64_t k, float *y, int64_t ldy,
+                          int rw, int rx)
+{
+#define ROWS_CASE(I8, RW, RX) case RX: dot_block(x, w, stride, I8, k, y, ldy, RW, RX); return;
+#define ALL_ROWS(I8, RW) switch (rx) { ROWS_CASE(I8, RW, 1) ROWS_CASE(I8, RW, 2) ROWS_CASE(I8, RW, 3) \
+                                       ROWS_CASE(I8, RW, 4) }
+    if (int8) {
+        if (rw == WROWS) { ALL_ROWS(1, WROWS) } else { ALL_ROWS(1, 1) }
+    } else {
+        if (rw == WROWS) { ALL_ROWS(0, WROWS) } else { ALL_ROWS(0, 1) }
+    }
+#undef ALL_ROWS
+#undef ROWS_CASE
+}
+#else
+static void dot_block_any(const float *x, const char *w, int64_t stride, int int8, int64_t k, float *y, int64_t ldy,
+                          int rw, int rx)
+{
+    for (int r = 0; r < rx; r++)
+        for (int c = 0; c < rw; c++) {
+            float s = 0.f;
+            for (int64_t i = 0; i < k; i++) s += x[r * k + i] * weight_at(w + c * stride, int8, i);
+            y[r * ldy + c] = s;
+        }
+}
+#endif
 
 /* y[r, j] = scale[j] * sum_i x[r, i] * w[j, i] for r < m, j < n: x [m, k], w [n, k] (a Linear's
  * weight: float32 with scale NULL, or int8 with one float scale per row, int8_linear.py's
- * format), y [m, n]. Each thread streams its share of the weight rows, four at a time. */
+ * format), y [m, n]. Each thread takes its share of the weight rows, WROWS at a time, and runs
+ * every activation row past them in blocks of at most XROWS, of even sizes (10 = 4+3+3). */
 static void product(const float *x, const void *w, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
                     int num_threads)
 {
-    if (!scale && m > few_rows && blas_sgemm) {  /* many rows: y^T = W x^T, column-major for BLAS */
+    if (!scale && m > blocked_rows && blas_sgemm) {  /* many rows: y^T = W x^T, column-major for BLAS */
         const int ni = (int)n, mi = (int)m, ki = (int)k;
         const float one = 1.f, zero = 0.f;
         blas_sgemm("T", "N", &ni, &mi, &ki, &one, (const float *)w, &ki, x, &ki, &zero, y, &ni);
         return;
     }
-    const int64_t quads = n / 4;
-    #pragma omp parallel num_threads(num_threads)
-    {
-        #pragma omp for schedule(static) nowait
-        for (int64_t b = 0; b < quads; b++)
-            for (int64_t r = 0; r < m; r++) {
-                float *out = y + r * n + 4 * b;
-                dot4(x + r * k, scale ? (const void *)((const int8_t *)w + 4 * b * k)
-                                      : (const void *)((const float *)w + 4 * b * k), scale != NULL, k, out);
-                if (scale)
-                    for (int c = 0; c < 4; c++) out[c] *= scale[4 * b + c];
-            }
-        #pragma omp for schedule(static)
-        for (int64_t j = 4 * quads; j < n; j++)  /* the last n % 4 rows */
-            for (int64_t r = 0; r < m; r++) {
-                const void *row = scale ? (const void *)((const int8_t *)w + j * k) : (const void *)((const float *)w + j * k);
-                float s = 0.f;
-                for (int64_t i = 0; i < k; i++) s += x[r * k + i] * weight_at(row, scale != NULL, i);
-                y[r * n + j] = scale ? s * scale[j] : s;
-            }
+    const int int8 = scale != NULL;
+    const int64_t stride = int8 ? k : k * (int64_t)sizeof(float), row_blocks = (m + XROWS - 1) / XROWS;
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t j = 0; j < n; j += WROWS) {
+        const int rw = n - j >= WROWS ? WROWS : (int)(n - j);
+        for (int64_t b = 0, r = 0; b < row_blocks; b++) {
+            const int rx = (int)(m / row_blocks + (b < m % row_blocks));
+            if (rw == WROWS)
+                dot_block_any(x + r * k, (const char *)w + j * stride, stride, int8, k, y + r * n + j, n, WROWS, rx);
+            else  /* the last n % WROWS weight rows, one at a time */
+                for (int c = 0; c < rw; c++)
+                    dot_block_any(x + r * k, (const char *)w + (j + c) * stride, stride, int8, k, y + r * n + j + c,
+                                  n, 1, rx);
+            r += rx;
+        }
+        if (scale)
+            for (int64_t r = 0; r < m; r++)
+                for (int c = 0; c < rw; c++) y[r * n + j + c] *= scale[j + c];
     }
 }
 
-void gemv_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, int64_t k, int num_threads)
+void product_f32(const float *x, const float *w, float *y, int64_t m, int64_t n, int64_t k, int num_threads)
 {
     product(x, w, NULL, y, m, n, k, num_threads);
 }
 
-void gemv_i8_f32(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
+void product_i8_f32(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
                  int num_threads)
 {
     product(x, q, scale, y, m, n, k, num_threads);

@@ -5,19 +5,19 @@ The products are bounded by how fast the weights stream from memory (few rows) o
 (many); the small work is bounded by Python: ~10 calls per layer (norms, RoPE, the KV write,
 attention, SiLU, module calls and views), ~0.15 ms a layer, a fifth of a single stream's step
 and a tenth of a saturated one. `LayerCalls` runs each layer as one ctypes call instead, with
-everything between the products in C. The products of up to FEW_ROWS rows are cpu_layer.c's
-GEMV, which streams weights faster than torch's `bmm` for a few rows; bigger ones are the
-`sgemm_` of torch's own MKL, whose address is handed to the C (bench_cpu_kernels.py prints the
-GEMV against `bmm`).
+everything between the products in C. The products of up to BLOCKED_ROWS rows are
+cpu_layer.c's register-blocked kernel, which beats torch's `bmm` and MKL there (it streams
+each weight once, and keeps both FMA units busy from 4 rows on); bigger float32 ones are the
+`sgemm_` of torch's own MKL, whose address is handed to the C (bench_cpu_kernels.py prints
+the ratios).
 
 It applies where its C covers everything: the fused model with the cpu ops, the cpu attention
-backend, float32 or int8 (int8_linear.py's) weights without biases; past FEW_ROWS rows, float32
-weights and a torch that carries `sgemm_`. Anything else (bf16, biases, int8 past FEW_ROWS)
-takes the per-op path, which is also the reference its tests use. With int8 weights the
-products read a quarter of the bytes and, unlike torch's int8 kernel, keep the activations in
-float32.
+backend, float32 or int8 (int8_linear.py's) weights without biases, every step. Anything else
+(bf16, biases) takes the per-op path, which is also the reference its tests use. With int8
+weights the products read a quarter of the bytes and, unlike torch's int8 kernel, keep the
+activations in float32.
 
-    python -m course.s06_kernels_graphs.bench_cpu_kernels   # the GEMV against torch's bmm
+    python -m course.s06_kernels_graphs.bench_cpu_kernels   # the products against bmm and MKL
 """
 from __future__ import annotations
 
@@ -35,26 +35,27 @@ from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("cpu_layer.c")
 FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what cpu_attention.c, included, needs
-# Rows up to which cpu_layer.c's GEMV beats torch's split bmm on our 2-core CPU
-# (bench_cpu_kernels.py: 1.11x at 1 row, 1.28x at 8, a tie at 16, 0.78x at 32: a GEMM's blocking
-# for many rows wins there). Past it the C layer calls the sgemm of torch's own MKL.
-FEW_ROWS = 8
+# Rows up to which cpu_layer.c's blocked kernel beats the sgemm of torch's own MKL on our 2-core
+# CPU (bench_cpu_kernels.py: 1.4x at 4-8 rows, 1.1x at 16, 1.06x at 32 and 64, 0.93x at 128: a
+# GEMM's cache blocking over k wins there). Past it the C layer calls that sgemm for float32
+# weights (int8 ones, and float32 ones where torch has no sgemm_, stay in the blocked kernel).
+BLOCKED_ROWS = 64
 
 
 @native.cached_loader
 def _library():
     lib = native.load(SOURCE, FLAGS)
     ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
-    lib.gemv_f32.restype = None
-    lib.gemv_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
-    lib.gemv_i8_f32.restype = None
+    lib.product_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.product_f32.restype = None
+    lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
+    lib.product_i8_f32.restype = None
     lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 13 + [ptr, ptr, i64, i64, ptr] + \
         [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     lib.set_sgemm.argtypes = [ptr, i64]
     lib.set_sgemm.restype = None
-    lib.set_sgemm(_torch_sgemm(), FEW_ROWS)
+    lib.set_sgemm(_torch_sgemm(), BLOCKED_ROWS)
     return lib
 
 
@@ -66,12 +67,6 @@ def _torch_sgemm() -> int | None:
                            ctypes.c_void_p).value
     except (OSError, AttributeError):
         return None
-
-
-def many_rows_supported() -> bool:
-    """Whether float32 steps of more than FEW_ROWS rows can go through the C layer (a BLAS
-    sgemm was found for their products)."""
-    return _torch_sgemm() is not None
 
 
 def layer_kernel_unavailable() -> str | None:
@@ -99,15 +94,10 @@ def product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = 
     out = x.new_empty(x.shape[0], weight.shape[0])
     m, (n, k), threads = x.shape[0], weight.shape, torch.get_num_threads()
     if scale is None:
-        _library().gemv_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, threads)
+        _library().product_f32(x.data_ptr(), weight.data_ptr(), out.data_ptr(), m, n, k, threads)
     else:
-        _library().gemv_i8_f32(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), out.data_ptr(), m, n, k, threads)
+        _library().product_i8_f32(x.data_ptr(), weight.data_ptr(), scale.data_ptr(), out.data_ptr(), m, n, k, threads)
     return out
-
-
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [m, k] @ weight[n, k].T for float32 weights (cpu_layer.c's GEMV)."""
-    return product(x, weight)
 
 
 class LayerWeights:

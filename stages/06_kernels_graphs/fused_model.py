@@ -26,7 +26,7 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
 from . import cpu_layer
-from .cpu_layer import FEW_ROWS, LayerCalls, LayerWeights, layer_weight, product
+from .cpu_layer import LayerCalls, LayerWeights, layer_weight, product
 from .cpu_ops import CpuOps
 
 
@@ -127,7 +127,6 @@ class FusedCausalLM(nn.Module):
         self.one_call_layers = one_call_layers and ops == "cpu"
         self._c_weights = None  # cpu_layer.c's view of every layer's weights (False: not all its kind): made once
         self._c_head = None     # ... and of the lm_head's (None: not its kind)
-        self._c_float = False   # all of them float32: steps of any size can go through cpu_layer.c
         self._c_scratch = None  # cpu_layer.py's buffers, kept between steps
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
@@ -147,22 +146,20 @@ class FusedCausalLM(nn.Module):
 
     def compute_logits(self, hidden):
         head = self._c_head if self._one_call(hidden) else None
-        if head is not None and (hidden.shape[0] <= FEW_ROWS or head[1] is None):
+        if head is not None:
             return product(hidden, *head)
         return self.lm_head(hidden).float()
 
     def _one_call(self, x) -> bool:
         """cpu_layer.py's path: the cpu ops, float32 activations, weights its C takes, its C
-        compiled here; more than FEW_ROWS rows only with float32 weights and a BLAS sgemm."""
+        compiled here."""
         if not self.one_call_layers or x.dtype != torch.float32:
             return False
         if self._c_weights is None:  # the first time: after the engine has split or quantized the linears
             weights = [LayerWeights.of(layer) for layer in self.layers]
             self._c_weights = cpu_layer.layer_kernel_unavailable() is None and all(weights) and weights
             self._c_head = layer_weight(self.lm_head)
-            self._c_float = bool(self._c_weights) and cpu_layer.many_rows_supported() and all(
-                scale is None for w in self._c_weights for scale in w.scale_tensors)
-        return bool(self._c_weights) and (x.shape[0] <= FEW_ROWS or self._c_float)
+        return bool(self._c_weights)
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

@@ -8,27 +8,29 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu_layer
 from course.s06_kernels_graphs.backends import make_backend
-from course.s06_kernels_graphs.cpu_layer import FEW_ROWS, LayerCalls, gemv, product
+from course.s06_kernels_graphs.cpu_layer import BLOCKED_ROWS, LayerCalls, product
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
 from course.s06_kernels_graphs.int8_linear import Int8Linear, quantize_linears, quantize_rows
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.split_linear import split_linears
 
-BLOCK, BLOCKS = 4, 40
+BLOCK, BLOCKS = 4, 60
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5, FEW_ROWS])
-@pytest.mark.parametrize("n, k", [(12, 20), (64, 576), (7, 33), (960, 576)])  # rows and columns off 4 and 16
-def test_gemv_equals_matmul(m, n, k):
+# rows: one, each block size (1-4), uneven blocks (10 = 4+3+3), the last blocked size, and past it
+# (MKL's sgemm for float32); weights: rows and columns off the block (4) and the vector (16)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 10, 17, BLOCKED_ROWS, BLOCKED_ROWS + 1])
+@pytest.mark.parametrize("n, k", [(12, 20), (64, 576), (7, 33), (960, 576), (3, 16)])
+def test_products_equal_matmul(m, n, k):
     g = torch.Generator().manual_seed(m * n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
-    torch.testing.assert_close(gemv(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(product(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("m", [1, 3, FEW_ROWS])
+@pytest.mark.parametrize("m", [1, 3, 10, BLOCKED_ROWS + 1])
 @pytest.mark.parametrize("n, k", [(12, 20), (7, 33), (960, 576)])
-def test_int8_gemv_equals_the_dequantized_matmul(m, n, k):
+def test_int8_products_equal_the_dequantized_matmul(m, n, k):
     g = torch.Generator().manual_seed(m * n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     q, scale = quantize_rows(w)
@@ -39,8 +41,8 @@ def test_int8_gemv_equals_the_dequantized_matmul(m, n, k):
 def _side(fused):
     cache = PagedKVCache(fused.config, BLOCKS + 1, BLOCK)
     attn = make_backend("cpu", cache)
-    return fused, cache, attn, ModelRunner(fused, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
-                                           dummy_block=BLOCKS)
+    return fused, cache, attn, ModelRunner(fused, attn, max_num_tokens=MAX_TOKENS, max_num_seqs=4,
+                                           max_blocks_per_seq=MAX_BLOCKS, dummy_block=BLOCKS)
 
 
 @pytest.mark.parametrize("name", ["gqa_tied", "mha_untied"])
@@ -57,9 +59,9 @@ def test_int8_one_call_layers_equal_the_dequantized_float_model(name, spy):
             linear.weight.data = module.dequantized()  # a new module: a tied embedding keeps its weight
             setattr(parent, attr, linear)
     one_call, per_op = _side(int8), _side(floats)
-    for tokens, seqs in STEPS:
+    for tokens, seqs in STEPS + BIG_STEPS:  # int8 products stay in the blocked kernel at any rows
         torch.testing.assert_close(_step(one_call, tokens, seqs), _step(per_op, tokens, seqs), atol=2e-4, rtol=1e-4)
-    assert len(spy) == len(STEPS) * model.config.num_hidden_layers
+    assert len(spy) == len(STEPS + BIG_STEPS) * model.config.num_hidden_layers
 
 
 @pytest.fixture
@@ -83,7 +85,8 @@ def _pair(name, splits=2):
         fused = split_linears(FusedCausalLM(model, ops="cpu", one_call_layers=one_call), splits)
         cache = PagedKVCache(model.config, BLOCKS + 1, BLOCK)
         attn = make_backend("cpu", cache)
-        runner = ModelRunner(fused, attn, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10, dummy_block=BLOCKS)
+        runner = ModelRunner(fused, attn, max_num_tokens=MAX_TOKENS, max_num_seqs=4, max_blocks_per_seq=MAX_BLOCKS,
+                             dummy_block=BLOCKS)
         sides.append((fused, cache, attn, runner))
     return sides
 
@@ -107,15 +110,18 @@ STEPS = [
 ]
 
 
-# more rows than FEW_ROWS: a 12-token prompt beside a decode (the products go to BLAS sgemm)
-BIG_STEP = (list(range(30, 43)), [(0, 12, [9, 10, 11]), (8, 1, [6, 7, 8])])
+# a 12-token prompt beside a decode (blocks of 4+3+3+3 rows), then more rows than BLOCKED_ROWS (a
+# 66-token prompt beside a decode: float32 products through MKL's sgemm)
+BIG_STEPS = [(list(range(30, 43)), [(0, 12, [9, 10, 11]), (8, 1, [6, 7, 8])]),
+             (list(range(BLOCKED_ROWS + 3)), [(0, BLOCKED_ROWS + 2, list(range(12, 29))), (9, 1, [6, 7, 8])])]
+MAX_TOKENS, MAX_BLOCKS = BLOCKED_ROWS + 3, 17
 
 
 @pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope"])
 def test_one_call_layers_equal_the_per_op_path(name, spy):
     one_call, per_op = _pair(name)
-    assert cpu_layer.many_rows_supported()  # torch's CPU build carries MKL's sgemm_
-    for tokens, seqs in STEPS + [BIG_STEP]:
+    assert cpu_layer._torch_sgemm() is not None  # torch's CPU build carries MKL's sgemm_
+    for tokens, seqs in STEPS + BIG_STEPS:
         before = len(spy)
         got, want = _step(one_call, tokens, seqs), _step(per_op, tokens, seqs)
         torch.testing.assert_close(got, want, atol=2e-4, rtol=1e-4)
@@ -128,11 +134,9 @@ def test_one_call_layers_equal_the_per_op_path(name, spy):
 def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
     bias, _ = _pair("qwen2_bias")  # a QKV bias: not in the C layer
     _step(bias, [1, 2, 3], [(0, 3, [0, 1, 2])])
-    int8 = _side(quantize_linears(FusedCausalLM(tiny_model("gqa_tied"), ops="cpu"), parts=1))
-    _step(int8, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])  # int8 and many rows
     torch_ops, _ = _pair("gqa_tied")
     torch_backend = make_backend("torch", torch_ops[1])
-    runner = ModelRunner(torch_ops[0], torch_backend, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=10,
+    runner = ModelRunner(torch_ops[0], torch_backend, max_num_tokens=16, max_num_seqs=4, max_blocks_per_seq=MAX_BLOCKS,
                          dummy_block=BLOCKS)
     _step((torch_ops[0], torch_ops[1], torch_backend, runner), [1, 2], [(0, 2, [0])])
     assert spy == []
@@ -164,13 +168,17 @@ def test_engine_tokens_are_the_same_with_and_without_one_call_layers(name, byte_
     assert spy  # decode steps of 3 rows ran through the C layer
 
 
-def test_without_a_blas_only_few_rows_take_the_c_layer(monkeypatch, spy):
-    monkeypatch.setattr(cpu_layer, "many_rows_supported", lambda: False)
-    side, _ = _pair("gqa_tied")
-    _step(side, list(range(FEW_ROWS + 1)), [(0, FEW_ROWS + 1, [0, 1, 2])])
-    assert spy == []
-    _step(side, [1], [(FEW_ROWS + 1, 1, [0, 1, 2])])
-    assert len(spy) == side[0].config.num_hidden_layers
+def test_without_a_blas_the_blocked_kernel_takes_every_step(spy):
+    """A torch without sgemm_ (no MKL): steps of any size still run in C, all in the blocked kernel."""
+    lib = cpu_layer._library()
+    lib.set_sgemm(None, BLOCKED_ROWS)
+    try:
+        one_call, per_op = _pair("gqa_tied")
+        for tokens, seqs in STEPS[:1] + BIG_STEPS:
+            torch.testing.assert_close(_step(one_call, tokens, seqs), _step(per_op, tokens, seqs), atol=2e-4, rtol=1e-4)
+    finally:
+        lib.set_sgemm(cpu_layer._torch_sgemm(), BLOCKED_ROWS)
+    assert len(spy) == 3 * one_call[0].config.num_hidden_layers
 
 
 def test_without_a_compiler_the_per_op_path_runs(monkeypatch, spy):
@@ -201,14 +209,14 @@ def test_the_portable_c_without_avx512_computes_the_same_products():
     from course.s06_kernels_graphs import native
     lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + ["-mno-avx512f"])
     g = torch.Generator().manual_seed(5)
-    x, w = torch.randn(3, 37, generator=g), torch.randn(10, 37, generator=g)
+    x, w = torch.randn(7, 37, generator=g), torch.randn(10, 37, generator=g)  # two row blocks, a weight tail
     q, scale = quantize_rows(w)
-    out, out8 = torch.empty(3, 10), torch.empty(3, 10)
+    out, out8 = torch.empty(7, 10), torch.empty(7, 10)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.gemv_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.gemv_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.gemv_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), 3, 10, 37, 2)
-    lib.gemv_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out8.data_ptr(), 3, 10, 37, 2)
+    lib.product_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.product_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), 7, 10, 37, 2)
+    lib.product_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out8.data_ptr(), 7, 10, 37, 2)
     torch.testing.assert_close(out, (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(out8, (x.double() @ (q.double() * scale.double()[:, None]).T).float(),
                                atol=1e-4, rtol=1e-5)
