@@ -8,6 +8,10 @@
  * of its sequence: a decode row to all of them, row j of a prefill chunk to those up to its
  * own position, which is the causal mask.
  *
+ * With AVX-512 and a head size that is a multiple of 16, a block's scores and value sums use
+ * vector code (block_scores, block_values: 1.2-1.4x the plain loops, bench_cpu_kernels.py);
+ * the plain loops below are the rest, and what compilers without AVX-512 build.
+ *
  * Compiled with -ffast-math, so the exponentials vectorize (glibc's libmvec): the kernel never
  * meets an infinity (the running max starts at -FLT_MAX, masked keys are never visited).
  *
@@ -21,6 +25,66 @@
 #define MAX_GROUP 16
 #define MAX_DIM 256
 #define MAX_BLOCK 128
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define VECTOR_ATTENTION 1
+
+/* Lane t of the result = the sum of the 16 lanes of v[t]: sixteen dot products finished in
+ * 45 shuffles and adds instead of 16 separate horizontal sums (~8 each). */
+static inline __m512 sum_lanes16(const __m512 v[16])
+{
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)  /* per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] of v[2i], v[2i+1] */
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++)  /* per 128-bit lane: v[4i..4i+3]'s sums of that lane's 4 floats */
+        quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* add the four 128-bit lanes: lanes 4i..4i+3 of the result come from quads[i] */
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                    _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* scores[t] = scale * q . k_t for the `keys` keys from kb (token_stride floats apart), dim a
+ * multiple of 16: each key's products stay a 16-lane vector until sum_lanes16 finishes 16 of
+ * them at once. */
+static void block_scores(const float *qg, const float *kb, int64_t token_stride, int64_t keys, int64_t dim,
+                         float scale, float *scores)
+{
+    for (int64_t t0 = 0; t0 < keys; t0 += 16) {
+        const int64_t n = keys - t0 < 16 ? keys - t0 : 16;
+        __m512 part[16];
+        for (int64_t j = 0; j < 16; j++) {
+            part[j] = _mm512_setzero_ps();
+            if (j < n) {
+                const float *kt = kb + (t0 + j) * token_stride;
+                for (int64_t d = 0; d < dim; d += 16)
+                    part[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), _mm512_loadu_ps(kt + d), part[j]);
+            }
+        }
+        _mm512_mask_storeu_ps(scores + t0, (__mmask16)((1u << n) - 1), _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale)));
+    }
+}
+
+/* acc += sum_t p[t] * v_t over the `keys` values from vb, dim a multiple of 16 and at most
+ * 64 (the accumulator stays in four registers; longer heads take the loop below). */
+static void block_values(const float *p, const float *vb, int64_t token_stride, int64_t keys, int64_t dim, float *acc)
+{
+    __m512 a[4];
+    const int64_t vectors = dim / 16;
+    for (int64_t c = 0; c < vectors; c++) a[c] = _mm512_loadu_ps(acc + 16 * c);
+    for (int64_t t = 0; t < keys; t++) {
+        const __m512 w = _mm512_set1_ps(p[t]);
+        const float *vt = vb + t * token_stride;
+        for (int64_t c = 0; c < vectors; c++) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16 * c), a[c]);
+    }
+    for (int64_t c = 0; c < vectors; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+#endif
 
 int64_t paged_attention_rows_f32(
     const float *q, int64_t q_row_stride,       /* [T, heads, dim]; heads x dim contiguous */
@@ -63,14 +127,18 @@ int64_t paged_attention_rows_f32(
                 for (int64_t g = 0; g < group; g++) {       /* scores, then the online softmax */
                     const float *qg = qh + g * dim;
                     float *pg = p + g * MAX_BLOCK, block_max = -FLT_MAX;
+#ifdef VECTOR_ATTENTION
+                    if (dim % 16 == 0) block_scores(qg, kb, token_stride, keys, dim, scale, pg);
+                    else
+#endif
                     for (int64_t t = 0; t < keys; t++) {
                         const float *kt = kb + t * token_stride;
                         float s = 0.f;
                         #pragma omp simd reduction(+:s)
                         for (int64_t d = 0; d < dim; d++) s += qg[d] * kt[d];
                         pg[t] = s * scale;
-                        block_max = pg[t] > block_max ? pg[t] : block_max;
                     }
+                    for (int64_t t = 0; t < keys; t++) block_max = pg[t] > block_max ? pg[t] : block_max;
                     const float new_max = block_max > maxs[g] ? block_max : maxs[g];
                     const float rescale = expf(maxs[g] - new_max);  /* 0 on the first block: exp(-FLT_MAX - m) */
                     sums[g] *= rescale;
@@ -78,6 +146,12 @@ int64_t paged_attention_rows_f32(
                     for (int64_t t = 0; t < keys; t++) { pg[t] = expf(pg[t] - new_max); sums[g] += pg[t]; }
                     maxs[g] = new_max;
                 }
+#ifdef VECTOR_ATTENTION
+                if (dim % 16 == 0 && dim <= 64) {  /* per head, its accumulator in registers over the block */
+                    for (int64_t g = 0; g < group; g++)
+                        block_values(p + g * MAX_BLOCK, vb, token_stride, keys, dim, acc + g * dim);
+                } else
+#endif
                 for (int64_t t = 0; t < keys; t++) {         /* each value read once for the G heads */
                     const float *vt = vb + t * token_stride;
                     for (int64_t g = 0; g < group; g++) {

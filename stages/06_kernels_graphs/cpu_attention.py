@@ -1,4 +1,4 @@
-"""Paged attention on the CPU in 80 lines of C (cpu_attention.c), called through ctypes.
+"""Paged attention on the CPU in ~150 lines of C (cpu_attention.c), called through ctypes.
 
 Why C, in a Python course: on the CPU Triton does not compile (CI runs its kernels through
 the interpreter), and PyTorch cannot read a paged pool in place: every torch formulation
@@ -6,7 +6,8 @@ first gathers each sequence's blocks into a padded copy, then attends to the cop
 2-core CPU that copy and the padded SDPA after it cost 2.4 ms per layer for 32 decodes of
 100-300 tokens, 30 layers a step; reading the blocks where they lie costs 0.48 ms
 (bench_cpu_kernels.py). vLLM for CPU ships C++ attention kernels for the same reason. The kernel is the Triton decode kernel's
-algorithm (online softmax over the block table), one loop nest per (row, KV head).
+algorithm (online softmax over the block table), one loop nest per (row, KV head), with
+AVX-512 code for a block's scores and value sums where the head size allows.
 
 Compiled once per machine (native.py); without a C compiler, `kernel_unavailable()` says why
 and the engine keeps the PyTorch backend.

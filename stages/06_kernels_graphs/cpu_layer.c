@@ -100,6 +100,19 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
             for (int c = 0; c < rw; c++) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
         }
     }
+    if (rw == 4 && rx == 4) {  /* a whole block: its 16 sums finished together (cpu_attention.c's sum_lanes16) */
+        __m512 parts[16];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            #pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) parts[4 * r + c] = acc[c][r];
+        const __m512 sums = sum_lanes16(parts);  /* lanes 4r..4r+3: row r's four outputs */
+        _mm_storeu_ps(y, _mm512_extractf32x4_ps(sums, 0));
+        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(sums, 1));
+        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(sums, 2));
+        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(sums, 3));
+        return;
+    }
     #pragma GCC unroll 4
     for (int r = 0; r < rx; r++)
         #pragma GCC unroll 4

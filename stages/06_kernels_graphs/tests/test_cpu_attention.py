@@ -25,13 +25,30 @@ def every_row(case):
     ([9, 31, 4, 18, 60], [1, 1, 1, 1, 1]),   # decode only
     ([40, 3], [40, 3]),                      # prefill only
 ])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 16), (4, 4, 8), (3, 1, 12), (16, 1, 64)])
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+# head_dim: multiples of 16 take the vector path (128: scores only), others the plain loops;
+# block_size 32: two 16-key score groups per block
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 16), (4, 4, 8), (3, 1, 12), (16, 1, 64), (4, 2, 128)])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
 def test_kernel_equals_the_oracle(seq_lens, query_lens, heads, kv_heads, head_dim, block_size):
     """The pool is NaN outside the sequences' tokens (and the tables' padding points at a NaN
     block): one read past a row's length would poison its output."""
     case = make_paged_case(seq_lens, query_lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                            block_size=block_size, seed=heads + block_size)
+    rows, seqs, lens = every_row(case)
+    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
+    torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, monkeypatch):
+    """Machines without AVX-512 compile the plain loops for every head size: same results."""
+    import ctypes
+
+    from course.s06_kernels_graphs import cpu_attention
+    fn = native.load(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"]).paged_attention_rows_f32
+    fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
+    monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
+    case = make_paged_case([7, 33, 50], [1, 5, 1], num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16)
     rows, seqs, lens = every_row(case)
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
