@@ -18,7 +18,7 @@ the torch backend's default.
 gate-up and down, and the lm_head; random weights) at 1-128 rows: cpu_layer.c's product (its
 register-blocked kernel up to cpu_layer.BLOCKED_ROWS rows, where it wins, MKL's sgemm past it)
 against MKL's sgemm (torch's `F.linear`) and torch's `bmm` over row blocks (split_linear.py),
-as GB/s of weights streamed and GFLOP/s.
+and the same products with int8 weights (cpu_int8.c with VNNI), as GFLOP/s and GB/s of weights.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from .backends import CpuPagedBackend, TorchPagedBackend
 from .cpu_layer import BLOCKED_ROWS, product
 from .split_linear import split_matmul
 from .fused_model import CpuOps, TorchOps
+from .int8_linear import quantize_rows
 from .testing import make_paged_case, one_layer_step
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
@@ -119,15 +120,17 @@ def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32, 64, 128), reps: int = 5) -> list
     shapes = [((HEADS + 2 * KV_HEADS) * DIM, 576), (576, HEADS * DIM), (2 * 1536, 576), (576, 1536)] * 30
     weights = [(torch.randn(n, k, generator=g), None) for n, k in shapes + [(49152, 576)]]
     nbytes, flops = sum(w.numel() * 4 for w, _ in weights), sum(2 * w.numel() for w, _ in weights)
+    int8 = [quantize_rows(w) for w, _ in weights]
     out = []
     for rows in rows_list:
         ms = {name: 1e3 * t for name, t in time_products(weights, rows, reps).items()}
+        ms["int8"] = 1e3 * time_products(int8, rows, reps)["C"]  # the same products, int8 weights (cpu_int8.c)
         out.append({"rows": rows, "ms": ms, "C_speedup": {name: t / ms["C"] for name, t in ms.items() if name != "C"},
-                    "GBps": {name: nbytes / t / 1e6 for name, t in ms.items()},
+                    "GBps": {name: (nbytes / 4 if name == "int8" else nbytes) / t / 1e6 for name, t in ms.items()},
                     "GFLOPs": {name: rows * flops / t / 1e6 for name, t in ms.items()}})
-        cells = "  ".join(f"{name} {t:6.1f} ms ({nbytes / t / 1e6:4.1f} GB/s, {rows * flops / t / 1e6:4.0f} GFLOP/s)"
-                          for name, t in ms.items())
-        print(f"{rows:4d} rows  {cells}   C {ms['MKL'] / ms['C']:4.2f}x MKL, {ms['bmm'] / ms['C']:4.2f}x bmm")
+        cells = "  ".join(f"{name} {t:6.1f} ms ({rows * flops / t / 1e6:4.0f} GFLOP/s)" for name, t in ms.items())
+        print(f"{rows:4d} rows  {cells}   C {ms['MKL'] / ms['C']:4.2f}x MKL, {ms['bmm'] / ms['C']:4.2f}x bmm; "
+              f"weights read at {nbytes / ms['C'] / 1e6:4.1f} GB/s (C), {nbytes / 4 / ms['int8'] / 1e6:4.1f} (int8)")
     return out
 
 

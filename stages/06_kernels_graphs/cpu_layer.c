@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cpu_attention.c"
+#include "cpu_int8.c"
 #include "cpu_ops.c"
 
 #ifdef __AVX512F__
@@ -161,6 +162,12 @@ static void product(const float *x, const void *w, const float *scale, float *y,
         blas_sgemm("T", "N", &ni, &mi, &ki, &one, (const float *)w, &ki, x, &ki, &zero, y, &ni);
         return;
     }
+#ifdef INT8_VNNI
+    if (scale) {  /* int8 weights: integer multiply-adds on int16 rows (cpu_int8.c) */
+        product_int8_vnni(x, (const int8_t *)w, scale, y, m, n, k, num_threads);
+        return;
+    }
+#endif
     const int int8 = scale != NULL;
     const int64_t stride = int8 ? k : k * (int64_t)sizeof(float), row_blocks = (m + XROWS - 1) / XROWS;
     #pragma omp parallel for schedule(static) num_threads(num_threads)

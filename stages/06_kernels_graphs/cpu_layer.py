@@ -14,8 +14,8 @@ the ratios).
 It applies where its C covers everything: the fused model with the cpu ops, the cpu attention
 backend, float32 or int8 (int8_linear.py's) weights without biases, every step. Anything else
 (bf16, biases) takes the per-op path, which is also the reference its tests use. With int8
-weights the products read a quarter of the bytes and, unlike torch's int8 kernel, keep the
-activations in float32.
+weights the products read a quarter of the bytes; with AVX-512 VNNI they are integer products
+on activation rows rounded to int16 (cpu_int8.c), else the int8 weights are widened to float32.
 
     python -m course.s06_kernels_graphs.bench_cpu_kernels   # the products against bmm and MKL
 """

@@ -1,5 +1,6 @@
 """cpu_layer.py: a decoder layer in one C call equals the per-op path it replaces."""
 import copy
+import sys
 
 import pytest
 import torch
@@ -28,14 +29,55 @@ def test_products_equal_matmul(m, n, k):
     torch.testing.assert_close(product(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
 
 
+def int16_rows(x: torch.Tensor):
+    """cpu_int8.c's rounding of activation rows to int16, in torch: (xq, rscale) with
+    x ~= xq * rscale[:, None], the largest magnitude at the limit that keeps k-long int32 sums safe."""
+    k = x.shape[1]
+    limit = torch.tensor(float(min(32767, (2 ** 31 - 1) // (127 * k))))
+    amax = x.abs().amax(dim=1)
+    inv = torch.where(amax > 0, limit / amax, 0.0)
+    return torch.round(x * inv[:, None]), torch.where(amax > 0, amax / limit, 0.0)
+
+
+INT8_VNNI = "avx512_vnni" in open("/proc/cpuinfo").read() if sys.platform == "linux" else False
+
+
 @pytest.mark.parametrize("m", [1, 3, 10, BLOCKED_ROWS + 1])
-@pytest.mark.parametrize("n, k", [(12, 20), (7, 33), (960, 576)])
+@pytest.mark.parametrize("n, k", [(12, 20), (7, 33), (960, 576), (5, 1536)])  # k off and on 32
 def test_int8_products_equal_the_dequantized_matmul(m, n, k):
+    """With VNNI the rows are rounded to int16 first: the product is then exact integer
+    arithmetic on the rounded rows (checked tightly), and within 1e-3 of the row's scale of the
+    float product (the rounding's cost). Without VNNI it is the float product itself."""
     g = torch.Generator().manual_seed(m * n + k)
     x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     q, scale = quantize_rows(w)
+    got = product(x, q, scale)
+    float_product = x.double() @ (q.double() * scale.double()[:, None]).T
+    if not INT8_VNNI:
+        torch.testing.assert_close(got, float_product.float(), atol=1e-4, rtol=1e-5)
+        return
+    xq, rscale = int16_rows(x)
+    exact = (xq.double() @ q.double().T) * rscale.double()[:, None] * scale.double()[None, :]
+    torch.testing.assert_close(got, exact.float(), atol=1e-5, rtol=1e-5)
+    row_scale = float_product.abs().amax(dim=1, keepdim=True)
+    assert ((got.double() - float_product).abs() <= 1e-3 * row_scale).all()
+
+
+def test_int8_products_without_vnni_widen_to_float():
+    """CPUs with AVX-512 but not VNNI multiply int8 weights in float32 (cpu_layer.c's blocks)."""
+    import ctypes
+
+    from course.s06_kernels_graphs import native
+    lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + ["-mno-avx512vnni", "-mno-avxvnni"])
+    g = torch.Generator().manual_seed(9)
+    x, w = torch.randn(10, 40, generator=g), torch.randn(9, 40, generator=g)
+    q, scale = quantize_rows(w)
+    out = torch.empty(10, 9)
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
+    lib.product_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out.data_ptr(), 10, 9, 40, 2)
     want = x.double() @ (q.double() * scale.double()[:, None]).T
-    torch.testing.assert_close(product(x, q, scale), want.float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(out, want.float(), atol=1e-4, rtol=1e-5)
 
 
 def _side(fused):

@@ -1,0 +1,142 @@
+/* int8 weights times float32 activations with integer multiply-adds (AVX-512 VNNI), for
+ * cpu_layer.c. Included by it, after cpu_attention.c (sum_lanes16).
+ *
+ * Why: widening each int8 weight to float32 takes two conversions per 16 weights before the
+ * multiply-add can use it, so at one row the widening, not memory, bounds the product (~13
+ * GB/s of int8 bytes against the machine's ~32). VNNI's vpdpwssd multiplies 32 pairs of
+ * int16 and adds them into 16 int32 sums in one instruction: the weights need one widening
+ * (int8 -> int16) per 32, and the activations become int16 once per product.
+ *
+ * Each activation row is scaled to int16 by its own largest magnitude (round to nearest): x_r
+ * ~= xq_r * rscale_r. The scale leaves room for the int32 sums: |sum| <= k * 127 * limit must
+ * stay below 2^31, so limit = min(32767, (2^31 - 1) / (127 k)): 15 bits at k = 576, 13.4 at
+ * 1536, still ~100x finer than bf16's 8 (llama.cpp rounds activations to 8 bits for its
+ * integer dot products). The result is exact integer arithmetic on the rounded rows, scaled
+ * back: y[r, j] = rscale_r * scale_j * sum_i xq[r, i] * q[j, i].
+ */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INT8_VNNI 1
+#include <stdlib.h>
+
+/* The largest int16 an activation may round to for a k-long sum to fit int32. */
+static inline float int16_limit(int64_t k)
+{
+    const double limit = 2147483647.0 / (127.0 * (double)k);
+    return limit < 32767.0 ? (float)(int64_t)limit : 32767.f;
+}
+
+/* xq[r] (k_padded int16s, zero past k) and rscale[r] for each of m rows of x [m, k]. */
+static void quantize_rows_i16(const float *x, int64_t m, int64_t k, int64_t k_padded, int16_t *xq, float *rscale)
+{
+    const float limit = int16_limit(k);
+    for (int64_t r = 0; r < m; r++) {
+        const float *row = x + r * k;
+        __m512 top = _mm512_setzero_ps();
+        for (int64_t i = 0; i < k; i += 16) {
+            const __mmask16 mask = i + 16 <= k ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
+            top = _mm512_max_ps(top, _mm512_abs_ps(_mm512_maskz_loadu_ps(mask, row + i)));
+        }
+        const float amax = _mm512_reduce_max_ps(top);
+        const float inv = amax > 0.f ? limit / amax : 0.f;
+        rscale[r] = amax > 0.f ? amax / limit : 0.f;
+        const __m512 scale = _mm512_set1_ps(inv);
+        for (int64_t i = 0; i < k_padded; i += 16) {
+            const __mmask16 mask = i + 16 <= k ? (__mmask16)0xFFFF : i < k ? (__mmask16)((1u << (k - i)) - 1) : 0;
+            const __m512i ints = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, row + i), scale));
+            _mm256_storeu_si256((__m256i *)(xq + r * k_padded + i), _mm512_cvtsepi32_epi16(ints));
+        }
+    }
+}
+
+/* 32 int8 weights of a row from i on, widened to int16 (mask: those that exist). */
+static inline __m512i weights32(const int8_t *row, int64_t i, int64_t k)
+{
+    if (i + 32 <= k) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(row + i)));
+    const __mmask32 mask = (__mmask32)((1ull << (k - i)) - 1);
+    return _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(mask, row + i));
+}
+
+/* cpu_layer.c's dot_block for int8 weights and int16 rows: rw weight rows (`k` bytes apart)
+ * times rx rows of xq (k_padded apart), int32 sums; writes the raw sums as floats. */
+static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *xq, int64_t k_padded,
+                                                                 const int8_t *w, int64_t k, float *y, int64_t ldy,
+                                                                 const int rw, const int rx)
+{
+    __m512i acc[4][4], wv[4];
+    #pragma GCC unroll 4
+    for (int c = 0; c < rw; c++)
+        #pragma GCC unroll 4
+        for (int r = 0; r < rx; r++) acc[c][r] = _mm512_setzero_si512();
+    for (int64_t i = 0; i < k; i += 32) {
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) wv[c] = weights32(w + c * k, i, k);
+        #pragma GCC unroll 4
+        for (int r = 0; r < rx; r++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(xq + r * k_padded + i));
+            #pragma GCC unroll 4
+            for (int c = 0; c < rw; c++) acc[c][r] = _mm512_dpwssd_epi32(acc[c][r], xv, wv[c]);
+        }
+    }
+    if (rw == 4 && rx == 4) {  /* a whole block's 16 sums at once, as cpu_layer.c does */
+        __m512 parts[16];
+        #pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            #pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) parts[4 * r + c] = _mm512_cvtepi32_ps(acc[c][r]);
+        const __m512 sums = sum_lanes16(parts);
+        _mm_storeu_ps(y, _mm512_extractf32x4_ps(sums, 0));
+        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(sums, 1));
+        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(sums, 2));
+        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(sums, 3));
+        return;
+    }
+    #pragma GCC unroll 4
+    for (int r = 0; r < rx; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) y[r * ldy + c] = (float)_mm512_reduce_add_epi32(acc[c][r]);
+}
+
+static void dot_block_vnni_any(const int16_t *xq, int64_t k_padded, const int8_t *w, int64_t k, float *y,
+                               int64_t ldy, int rw, int rx)
+{
+#define VNNI_CASE(RW, RX) case RX: dot_block_vnni(xq, k_padded, w, k, y, ldy, RW, RX); return;
+    if (rw == 4) { switch (rx) { VNNI_CASE(4, 1) VNNI_CASE(4, 2) VNNI_CASE(4, 3) VNNI_CASE(4, 4) } }
+    else { switch (rx) { VNNI_CASE(1, 1) VNNI_CASE(1, 2) VNNI_CASE(1, 3) VNNI_CASE(1, 4) } }
+#undef VNNI_CASE
+}
+
+/* y [m, n] = x [m, k] @ (q [n, k] * scale[:, None]).T, the activations rounded to int16 per
+ * row (above). The rows' int16 copies live in a per-thread buffer kept between calls. */
+static void product_int8_vnni(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n,
+                              int64_t k, int num_threads)
+{
+    static __thread int16_t *buffer = NULL;  /* this thread's; the team below reads it through xq */
+    static __thread size_t capacity = 0;
+    const int64_t k_padded = (k + 31) / 32 * 32, row_blocks = (m + 3) / 4;
+    const size_t need = (size_t)(m * k_padded) * sizeof(int16_t) + (size_t)m * sizeof(float);
+    if (need > capacity) {
+        free(buffer);
+        buffer = (int16_t *)aligned_alloc(64, (need + 63) / 64 * 64);
+        capacity = buffer ? need : 0;
+        if (!buffer) abort();
+    }
+    int16_t *xq = buffer;
+    float *rscale = (float *)(xq + m * k_padded);
+    quantize_rows_i16(x, m, k, k_padded, xq, rscale);
+    #pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t j = 0; j < n; j += 4) {
+        const int rw = n - j >= 4 ? 4 : (int)(n - j);
+        for (int64_t b = 0, r = 0; b < row_blocks; b++) {
+            const int rx = (int)(m / row_blocks + (b < m % row_blocks));
+            if (rw == 4)
+                dot_block_vnni_any(xq + r * k_padded, k_padded, q + j * k, k, y + r * n + j, n, 4, rx);
+            else
+                for (int c = 0; c < rw; c++)
+                    dot_block_vnni_any(xq + r * k_padded, k_padded, q + (j + c) * k, k, y + r * n + j + c, n, 1, rx);
+            r += rx;
+        }
+        for (int64_t r = 0; r < m; r++)
+            for (int c = 0; c < rw; c++) y[r * n + j + c] *= rscale[r] * scale[j + c];
+    }
+}
+#endif
