@@ -51,10 +51,14 @@ static inline __m512 sum_lanes16(const __m512 v[16])
 
 /* scores[t] = scale * q . k_t for the `keys` keys from kb (token_stride floats apart), dim a
  * multiple of 16: each key's products stay a 16-lane vector until sum_lanes16 finishes 16 of
- * them at once. */
-static void block_scores(const float *qg, const float *kb, int64_t token_stride, int64_t keys, int64_t dim,
-                         float scale, float *scores)
+ * them at once. Inlined with a constant dim (below), q stays in registers. */
+static inline __attribute__((always_inline)) void block_scores_dim(const float *qg, const float *kb,
+                                                                   int64_t token_stride, int64_t keys,
+                                                                   const int64_t dim, float scale, float *scores)
 {
+    __m512 q[MAX_DIM / 16];
+    #pragma GCC unroll 16
+    for (int64_t d = 0; d < dim; d += 16) q[d / 16] = _mm512_loadu_ps(qg + d);
     for (int64_t t0 = 0; t0 < keys; t0 += 16) {
         const int64_t n = keys - t0 < 16 ? keys - t0 : 16;
         __m512 part[16];
@@ -62,27 +66,47 @@ static void block_scores(const float *qg, const float *kb, int64_t token_stride,
             part[j] = _mm512_setzero_ps();
             if (j < n) {
                 const float *kt = kb + (t0 + j) * token_stride;
+                #pragma GCC unroll 16
                 for (int64_t d = 0; d < dim; d += 16)
-                    part[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qg + d), _mm512_loadu_ps(kt + d), part[j]);
+                    part[j] = _mm512_fmadd_ps(q[d / 16], _mm512_loadu_ps(kt + d), part[j]);
             }
         }
         _mm512_mask_storeu_ps(scores + t0, (__mmask16)((1u << n) - 1), _mm512_mul_ps(sum_lanes16(part), _mm512_set1_ps(scale)));
     }
 }
 
-/* acc += sum_t p[t] * v_t over the `keys` values from vb, dim a multiple of 16 and at most
- * 64 (the accumulator stays in four registers; longer heads take the loop below). */
-static void block_values(const float *p, const float *vb, int64_t token_stride, int64_t keys, int64_t dim, float *acc)
+static void block_scores(const float *qg, const float *kb, int64_t token_stride, int64_t keys, int64_t dim,
+                         float scale, float *scores)
 {
-    __m512 a[4];
-    const int64_t vectors = dim / 16;
-    for (int64_t c = 0; c < vectors; c++) a[c] = _mm512_loadu_ps(acc + 16 * c);
+    if (dim == 64) block_scores_dim(qg, kb, token_stride, keys, 64, scale, scores);  /* SmolLM2, Llama 1B/3B */
+    else if (dim == 128) block_scores_dim(qg, kb, token_stride, keys, 128, scale, scores);
+    else block_scores_dim(qg, kb, token_stride, keys, dim, scale, scores);
+}
+
+/* acc += sum_t p[t] * v_t over the `keys` values from vb, dim a multiple of 16 and at most
+ * 128: the accumulator stays in registers across the block (a constant dim lets it). */
+static inline __attribute__((always_inline)) void block_values_dim(const float *p, const float *vb,
+                                                                   int64_t token_stride, int64_t keys,
+                                                                   const int64_t dim, float *acc)
+{
+    __m512 a[8];
+    #pragma GCC unroll 8
+    for (int64_t c = 0; c < dim / 16; c++) a[c] = _mm512_loadu_ps(acc + 16 * c);
     for (int64_t t = 0; t < keys; t++) {
         const __m512 w = _mm512_set1_ps(p[t]);
         const float *vt = vb + t * token_stride;
-        for (int64_t c = 0; c < vectors; c++) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16 * c), a[c]);
+        #pragma GCC unroll 8
+        for (int64_t c = 0; c < dim / 16; c++) a[c] = _mm512_fmadd_ps(w, _mm512_loadu_ps(vt + 16 * c), a[c]);
     }
-    for (int64_t c = 0; c < vectors; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+    #pragma GCC unroll 8
+    for (int64_t c = 0; c < dim / 16; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
+static void block_values(const float *p, const float *vb, int64_t token_stride, int64_t keys, int64_t dim, float *acc)
+{
+    if (dim == 64) block_values_dim(p, vb, token_stride, keys, 64, acc);
+    else if (dim == 128) block_values_dim(p, vb, token_stride, keys, 128, acc);
+    else block_values_dim(p, vb, token_stride, keys, dim, acc);
 }
 #endif
 
@@ -147,7 +171,7 @@ int64_t paged_attention_rows_f32(
                     maxs[g] = new_max;
                 }
 #ifdef VECTOR_ATTENTION
-                if (dim % 16 == 0 && dim <= 64) {  /* per head, its accumulator in registers over the block */
+                if (dim % 16 == 0 && dim <= 128) {  /* per head, its accumulator in registers over the block */
                     for (int64_t g = 0; g < group; g++)
                         block_values(p + g * MAX_BLOCK, vb, token_stride, keys, dim, acc + g * dim);
                 } else
