@@ -82,7 +82,7 @@ static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 m
 #ifdef VECTOR_DOT
 static inline __attribute__((always_inline)) void dot_block(const float *x, const char *w, int64_t stride,
                                                             const int int8, int64_t k, float *y, int64_t ldy,
-                                                            const int rw, const int rx)
+                                                            const int rw, const int rx, int first)
 {
     __m512 acc[WROWS][XROWS], wv[WROWS];
     #pragma GCC unroll 4
@@ -92,6 +92,10 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
     for (int64_t i = 0; i < k; i += 16) {
         /* whole vectors, then the last k % 16 (the loop is split, so whole ones use plain loads) */
         const __mmask16 mask = i + 16 <= k ? (__mmask16)0xFFFF : (__mmask16)((1u << (k - i)) - 1);
+        if (first && (i * (int8 ? 1 : 4) & 63) == 0)  /* the weights' first pass: rows two blocks on, on their way */
+            #pragma GCC unroll 4
+            for (int c = 0; c < rw; c++)
+                _mm_prefetch(w + (2 * WROWS + c) * stride + i * (int8 ? 1 : 4), _MM_HINT_T0);
         #pragma GCC unroll 4
         for (int c = 0; c < rw; c++) wv[c] = weights16(w + c * stride, int8, i, mask);
         #pragma GCC unroll 4
@@ -123,9 +127,9 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
 /* dot_block with int8, rw (WROWS, or 1 for the last n % WROWS weight rows) and rx (1..XROWS)
  * as compile-time constants: one copy of the loop per case. */
 static void dot_block_any(const float *x, const char *w, int64_t stride, int int8, int64_t k, float *y, int64_t ldy,
-                          int rw, int rx)
+                          int rw, int rx, int first)
 {
-#define ROWS_CASE(I8, RW, RX) case RX: dot_block(x, w, stride, I8, k, y, ldy, RW, RX); return;
+#define ROWS_CASE(I8, RW, RX) case RX: dot_block(x, w, stride, I8, k, y, ldy, RW, RX, first); return;
 #define ALL_ROWS(I8, RW) switch (rx) { ROWS_CASE(I8, RW, 1) ROWS_CASE(I8, RW, 2) ROWS_CASE(I8, RW, 3) \
                                        ROWS_CASE(I8, RW, 4) }
     if (int8) {
@@ -138,8 +142,9 @@ static void dot_block_any(const float *x, const char *w, int64_t stride, int int
 }
 #else
 static void dot_block_any(const float *x, const char *w, int64_t stride, int int8, int64_t k, float *y, int64_t ldy,
-                          int rw, int rx)
+                          int rw, int rx, int first)
 {
+    (void)first;
     for (int r = 0; r < rx; r++)
         for (int c = 0; c < rw; c++) {
             float s = 0.f;
@@ -176,11 +181,12 @@ static void product(const float *x, const void *w, const float *scale, float *y,
         for (int64_t b = 0, r = 0; b < row_blocks; b++) {
             const int rx = (int)(m / row_blocks + (b < m % row_blocks));
             if (rw == WROWS)
-                dot_block_any(x + r * k, (const char *)w + j * stride, stride, int8, k, y + r * n + j, n, WROWS, rx);
+                dot_block_any(x + r * k, (const char *)w + j * stride, stride, int8, k, y + r * n + j, n, WROWS, rx,
+                              b == 0);
             else  /* the last n % WROWS weight rows, one at a time */
                 for (int c = 0; c < rw; c++)
                     dot_block_any(x + r * k, (const char *)w + (j + c) * stride, stride, int8, k, y + r * n + j + c,
-                                  n, 1, rx);
+                                  n, 1, rx, b == 0);
             r += rx;
         }
         if (scale)
