@@ -72,7 +72,7 @@ static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *
     for (int64_t i = 0; i < k; i += 32) {
         if (first && (i & 63) == 0)  /* the weights' first pass: the rows two blocks on, on their way */
             #pragma GCC unroll 4
-            for (int c = 0; c < rw; c++) _mm_prefetch((const char *)(w + (2 * 4 + c) * k + i), _MM_HINT_T0);
+            for (int c = 0; c < rw; c++) _mm_prefetch((const char *)(w + (PREFETCH_BLOCKS * 4 + c) * k + i), _MM_HINT_T0);
         #pragma GCC unroll 4
         for (int c = 0; c < rw; c++) wv[c] = weights32(w + c * k, i, k);
         #pragma GCC unroll 4

@@ -16,6 +16,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2  /* how many weight blocks ahead a block's first pass prefetches (here, cpu_int8.c) */
+#endif
+
 #include "cpu_attention.c"
 #include "cpu_int8.c"
 #include "cpu_ops.c"
@@ -95,7 +99,7 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
         if (first && (i * (int8 ? 1 : 4) & 63) == 0)  /* the weights' first pass: rows two blocks on, on their way */
             #pragma GCC unroll 4
             for (int c = 0; c < rw; c++)
-                _mm_prefetch(w + (2 * WROWS + c) * stride + i * (int8 ? 1 : 4), _MM_HINT_T0);
+                _mm_prefetch(w + (PREFETCH_BLOCKS * WROWS + c) * stride + i * (int8 ? 1 : 4), _MM_HINT_T0);
         #pragma GCC unroll 4
         for (int c = 0; c < rw; c++) wv[c] = weights16(w + c * stride, int8, i, mask);
         #pragma GCC unroll 4
