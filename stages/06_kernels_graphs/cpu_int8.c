@@ -14,7 +14,7 @@
  * integer dot products). The result is exact integer arithmetic on the rounded rows, scaled
  * back: y[r, j] = rscale_r * scale_j * sum_i xq[r, i] * q[j, i].
  */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define INT8_VNNI 1
 #include <stdlib.h>
 
@@ -111,9 +111,10 @@ static void dot_block_vnni_any(const int16_t *xq, int64_t k_padded, const int8_t
 }
 
 /* y [m, n] = x [m, k] @ (q [n, k] * scale[:, None]).T, the activations rounded to int16 per
- * row (above). The rows' int16 copies live in a per-thread buffer kept between calls. */
-static void product_int8_vnni(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n,
-                              int64_t k, int num_threads)
+ * row (above). The rows' int16 copies live in a per-thread buffer kept between calls. Returns
+ * 0, or -1 (nothing computed) if that buffer could not grow: the caller widens to float instead. */
+static int product_int8_vnni(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n,
+                             int64_t k, int num_threads)
 {
     static __thread int16_t *buffer = NULL;  /* this thread's; the team below reads it through xq */
     static __thread size_t capacity = 0;
@@ -123,7 +124,7 @@ static void product_int8_vnni(const float *x, const int8_t *q, const float *scal
         free(buffer);
         buffer = (int16_t *)aligned_alloc(64, (need + 63) / 64 * 64);
         capacity = buffer ? need : 0;
-        if (!buffer) abort();
+        if (!buffer) return -1;
     }
     int16_t *xq = buffer;
     float *rscale = (float *)(xq + m * k_padded);
@@ -144,5 +145,6 @@ static void product_int8_vnni(const float *x, const int8_t *q, const float *scal
         for (int64_t r = 0; r < m; r++)
             for (int c = 0; c < rw; c++) y[r * n + j + c] *= rscale[r] * scale[j + c];
     }
+    return 0;
 }
 #endif

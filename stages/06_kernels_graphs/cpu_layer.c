@@ -6,10 +6,11 @@
  * the module calls and views) another ~0.2 ms: a fifth of the step. Here the Python side
  * makes one call per layer. The products are this file's register-blocked kernel (each
  * thread streams its share of the weight rows once, four rows at a time, past which the
- * activation rows go four at a time; float32 weights, or int8_linear.py's int8 ones widened
- * in registers), or MKL's sgemm for float32 steps of many rows; the rest is cpu_ops.c and
- * cpu_attention.c, included below, so the layer computes what the per-op path computes, up to
- * the order of its sums.
+ * activation rows go four at a time), or MKL's sgemm for float32 steps of many rows; int8
+ * weights (int8_linear.py's) go to cpu_int8.c's integer version where the CPU has VNNI, else
+ * are widened to float in registers here. The rest is cpu_ops.c and cpu_attention.c, included
+ * below, so the layer computes what the per-op path computes, up to the order of its sums
+ * (and, with int8 on VNNI, the rounding of activations to int16).
  *
  * Compiled with -ffast-math, as cpu_attention.c needs (vectorized exp).
  */
@@ -172,10 +173,8 @@ static void product(const float *x, const void *w, const float *scale, float *y,
         return;
     }
 #ifdef INT8_VNNI
-    if (scale) {  /* int8 weights: integer multiply-adds on int16 rows (cpu_int8.c) */
-        product_int8_vnni(x, (const int8_t *)w, scale, y, m, n, k, num_threads);
-        return;
-    }
+    /* int8 weights: integer multiply-adds on int16 rows (cpu_int8.c), unless its buffer could not grow */
+    if (scale && product_int8_vnni(x, (const int8_t *)w, scale, y, m, n, k, num_threads) == 0) return;
 #endif
     const int int8 = scale != NULL;
     const int64_t stride = int8 ? k : k * (int64_t)sizeof(float), row_blocks = (m + XROWS - 1) / XROWS;
@@ -205,7 +204,7 @@ void product_f32(const float *x, const float *w, float *y, int64_t m, int64_t n,
 }
 
 void product_i8_f32(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n, int64_t k,
-                 int num_threads)
+                    int num_threads)
 {
     product(x, q, scale, y, m, n, k, num_threads);
 }

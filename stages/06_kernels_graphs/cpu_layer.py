@@ -36,8 +36,8 @@ from .split_linear import SplitLinear
 SOURCE = Path(__file__).with_name("cpu_layer.c")
 FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what cpu_attention.c, included, needs
 # Rows up to which cpu_layer.c's blocked kernel beats the sgemm of torch's own MKL on our 2-core
-# CPU (bench_cpu_kernels.py: 1.4x at 4-8 rows, 1.1x at 16, 1.06x at 32 and 64, 0.93x at 128: a
-# GEMM's cache blocking over k wins there). Past it the C layer calls that sgemm for float32
+# CPU (bench_cpu_kernels.py: 1.7-1.9x at 4-8 rows, 1.4x at 16, 1.2x at 32 and 64, 0.98x at 128:
+# a GEMM's cache blocking over k wins there). Past it the C layer calls that sgemm for float32
 # weights (int8 ones, and float32 ones where torch has no sgemm_, stay in the blocked kernel).
 BLOCKED_ROWS = 64
 
@@ -162,7 +162,8 @@ class LayerCalls:
             self.x_out.data_ptr(), layer.input_norm.data_ptr(), qkv.data_ptr(), o.data_ptr(),
             layer.post_norm.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
             ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
-            self.k_base + pool_offset, self.v_base + pool_offset, self.num_blocks, self.block_size, self.slots.data_ptr(),
+            self.k_base + pool_offset, self.v_base + pool_offset, self.num_blocks, self.block_size,
+            self.slots.data_ptr(),
             rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)
         if bad:
