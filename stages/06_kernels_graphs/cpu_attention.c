@@ -49,6 +49,18 @@ static inline __m512 sum_lanes16(const __m512 v[16])
                          _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/* A 4x4 block of dot products still as 16-lane vectors (parts[4r + c]: activation row r,
+ * weight row c), finished by sum_lanes16 and stored as y[r * ldy + c] (cpu_layer.c's and
+ * cpu_int8.c's register blocks). */
+static inline void store_sums_4x4(const __m512 parts[16], float *y, int64_t ldy)
+{
+    const __m512 sums = sum_lanes16(parts);  /* lanes 4r..4r+3: row r's four outputs */
+    _mm_storeu_ps(y, _mm512_extractf32x4_ps(sums, 0));
+    _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(sums, 1));
+    _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(sums, 2));
+    _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(sums, 3));
+}
+
 /* scores[t] = scale * q . k_t for the `keys` keys from kb (token_stride floats apart), dim a
  * multiple of 16: each key's products stay a 16-lane vector until sum_lanes16 finishes 16 of
  * them at once. Inlined with a constant dim (below), q stays in registers. */

@@ -1,5 +1,6 @@
 /* int8 weights times float32 activations with integer multiply-adds (AVX-512 VNNI), for
- * cpu_layer.c. Included by it, after cpu_attention.c (sum_lanes16).
+ * cpu_layer.c's product(). Included by it, after its block sizes and cpu_attention.c
+ * (store_sums_4x4).
  *
  * Why: widening each int8 weight to float32 takes two conversions per 16 weights before the
  * multiply-add can use it, so at one row the widening, not memory, bounds the product (~13
@@ -64,7 +65,7 @@ static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *
                                                                  const int8_t *w, int64_t k, float *y, int64_t ldy,
                                                                  const int rw, const int rx, int first)
 {
-    __m512i acc[4][4], wv[4];
+    __m512i acc[WROWS][XROWS], wv[WROWS];
     #pragma GCC unroll 4
     for (int c = 0; c < rw; c++)
         #pragma GCC unroll 4
@@ -72,7 +73,7 @@ static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *
     for (int64_t i = 0; i < k; i += 32) {
         if (first && (i & 63) == 0)  /* the weights' first pass: the rows two blocks on, on their way */
             #pragma GCC unroll 4
-            for (int c = 0; c < rw; c++) _mm_prefetch((const char *)(w + (PREFETCH_BLOCKS * 4 + c) * k + i), _MM_HINT_T0);
+            for (int c = 0; c < rw; c++) _mm_prefetch((const char *)(w + (PREFETCH_BLOCKS * WROWS + c) * k + i), _MM_HINT_T0);
         #pragma GCC unroll 4
         for (int c = 0; c < rw; c++) wv[c] = weights32(w + c * k, i, k);
         #pragma GCC unroll 4
@@ -88,11 +89,7 @@ static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *
         for (int r = 0; r < 4; r++)
             #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) parts[4 * r + c] = _mm512_cvtepi32_ps(acc[c][r]);
-        const __m512 sums = sum_lanes16(parts);
-        _mm_storeu_ps(y, _mm512_extractf32x4_ps(sums, 0));
-        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(sums, 1));
-        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(sums, 2));
-        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(sums, 3));
+        store_sums_4x4(parts, y, ldy);
         return;
     }
     #pragma GCC unroll 4
@@ -105,46 +102,34 @@ static void dot_block_vnni_any(const int16_t *xq, int64_t k_padded, const int8_t
                                int64_t ldy, int rw, int rx, int first)
 {
 #define VNNI_CASE(RW, RX) case RX: dot_block_vnni(xq, k_padded, w, k, y, ldy, RW, RX, first); return;
-    if (rw == 4) { switch (rx) { VNNI_CASE(4, 1) VNNI_CASE(4, 2) VNNI_CASE(4, 3) VNNI_CASE(4, 4) } }
-    else { switch (rx) { VNNI_CASE(1, 1) VNNI_CASE(1, 2) VNNI_CASE(1, 3) VNNI_CASE(1, 4) } }
+    if (rw == WROWS) {
+        switch (rx) { VNNI_CASE(WROWS, 1) VNNI_CASE(WROWS, 2) VNNI_CASE(WROWS, 3) VNNI_CASE(WROWS, 4) }
+    } else {
+        switch (rx) { VNNI_CASE(1, 1) VNNI_CASE(1, 2) VNNI_CASE(1, 3) VNNI_CASE(1, 4) }
+    }
 #undef VNNI_CASE
 }
 
-/* y [m, n] = x [m, k] @ (q [n, k] * scale[:, None]).T, the activations rounded to int16 per
- * row (above). The rows' int16 copies live in a per-thread buffer kept between calls. Returns
- * 0, or -1 (nothing computed) if that buffer could not grow: the caller widens to float instead. */
-static int product_int8_vnni(const float *x, const int8_t *q, const float *scale, float *y, int64_t m, int64_t n,
-                             int64_t k, int num_threads)
+/* x's m rows rounded to int16 (above): *xq (*k_padded int16s a row, zero past k) and *rscale,
+ * in a per-thread buffer kept between calls. Returns 0, or -1 if that buffer could not grow
+ * (product() then widens the weights to float instead). */
+static int int16_rows(const float *x, int64_t m, int64_t k, const int16_t **xq, const float **rscale,
+                      int64_t *k_padded)
 {
-    static __thread int16_t *buffer = NULL;  /* this thread's; the team below reads it through xq */
+    static __thread int16_t *buffer = NULL;  /* the calling thread's; product()'s team reads it through xq */
     static __thread size_t capacity = 0;
-    const int64_t k_padded = (k + 31) / 32 * 32, row_blocks = (m + 3) / 4;
-    const size_t need = (size_t)(m * k_padded) * sizeof(int16_t) + (size_t)m * sizeof(float);
+    *k_padded = (k + 31) / 32 * 32;
+    const size_t need = (size_t)(m * *k_padded) * sizeof(int16_t) + (size_t)m * sizeof(float);
     if (need > capacity) {
         free(buffer);
         buffer = (int16_t *)aligned_alloc(64, (need + 63) / 64 * 64);
         capacity = buffer ? need : 0;
         if (!buffer) return -1;
     }
-    int16_t *xq = buffer;
-    float *rscale = (float *)(xq + m * k_padded);
-    quantize_rows_i16(x, m, k, k_padded, xq, rscale);
-    #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t j = 0; j < n; j += 4) {
-        const int rw = n - j >= 4 ? 4 : (int)(n - j);
-        for (int64_t b = 0, r = 0; b < row_blocks; b++) {
-            const int rx = (int)(m / row_blocks + (b < m % row_blocks));
-            if (rw == 4)
-                dot_block_vnni_any(xq + r * k_padded, k_padded, q + j * k, k, y + r * n + j, n, 4, rx, b == 0);
-            else
-                for (int c = 0; c < rw; c++)
-                    dot_block_vnni_any(xq + r * k_padded, k_padded, q + (j + c) * k, k, y + r * n + j + c, n, 1, rx,
-                                       b == 0);
-            r += rx;
-        }
-        for (int64_t r = 0; r < m; r++)
-            for (int c = 0; c < rw; c++) y[r * n + j + c] *= rscale[r] * scale[j + c];
-    }
+    float *scales = (float *)(buffer + m * *k_padded);
+    quantize_rows_i16(x, m, k, *k_padded, buffer, scales);
+    *xq = buffer;
+    *rscale = scales;
     return 0;
 }
 #endif

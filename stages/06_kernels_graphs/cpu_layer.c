@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define WROWS 4  /* a register block: WROWS weight rows by up to XROWS activation rows (see dot_block) */
+#define XROWS 4
 #ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 2  /* how many weight blocks ahead a block's first pass prefetches (here, cpu_int8.c) */
 #endif
@@ -81,8 +83,6 @@ static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 m
  * (bench_cpu_kernels.py, 8-128 rows). Always inlined with constant rw, rx and int8, so the
  * compiler keeps the sums in registers; whole vectors use plain loads, since a masked load
  * costs an extra uop (the masked loop was 1.3x slower). */
-#define WROWS 4
-#define XROWS 4
 
 #ifdef VECTOR_DOT
 static inline __attribute__((always_inline)) void dot_block(const float *x, const char *w, int64_t stride,
@@ -110,17 +110,13 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
             for (int c = 0; c < rw; c++) acc[c][r] = _mm512_fmadd_ps(xv, wv[c], acc[c][r]);
         }
     }
-    if (rw == 4 && rx == 4) {  /* a whole block: its 16 sums finished together (cpu_attention.c's sum_lanes16) */
+    if (rw == 4 && rx == 4) {  /* a whole block: its 16 sums finished together */
         __m512 parts[16];
         #pragma GCC unroll 4
         for (int r = 0; r < 4; r++)
             #pragma GCC unroll 4
             for (int c = 0; c < 4; c++) parts[4 * r + c] = acc[c][r];
-        const __m512 sums = sum_lanes16(parts);  /* lanes 4r..4r+3: row r's four outputs */
-        _mm_storeu_ps(y, _mm512_extractf32x4_ps(sums, 0));
-        _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(sums, 1));
-        _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(sums, 2));
-        _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(sums, 3));
+        store_sums_4x4(parts, y, ldy);
         return;
     }
     #pragma GCC unroll 4
@@ -159,6 +155,21 @@ static void dot_block_any(const float *x, const char *w, int64_t stride, int int
 }
 #endif
 
+/* One block by the kernel its weights take: cpu_int8.c's integer one where the rows come
+ * rounded to int16 (xq), else dot_block's float one. */
+static inline void product_block(const float *x, const int16_t *xq, int64_t k_padded, const char *w, int64_t stride,
+                                 int int8, int64_t k, float *y, int64_t ldy, int rw, int rx, int first)
+{
+#ifdef INT8_VNNI
+    if (xq) {
+        dot_block_vnni_any(xq, k_padded, (const int8_t *)w, k, y, ldy, rw, rx, first);
+        return;
+    }
+#endif
+    (void)xq, (void)k_padded;
+    dot_block_any(x, w, stride, int8, k, y, ldy, rw, rx, first);
+}
+
 /* y[r, j] = scale[j] * sum_i x[r, i] * w[j, i] for r < m, j < n: x [m, k], w [n, k] (a Linear's
  * weight: float32 with scale NULL, or int8 with one float scale per row, int8_linear.py's
  * format), y [m, n]. Each thread takes its share of the weight rows, WROWS at a time, and runs
@@ -172,29 +183,32 @@ static void product(const float *x, const void *w, const float *scale, float *y,
         blas_sgemm("T", "N", &ni, &mi, &ki, &one, (const float *)w, &ki, x, &ki, &zero, y, &ni);
         return;
     }
-#ifdef INT8_VNNI
-    /* int8 weights: integer multiply-adds on int16 rows (cpu_int8.c), unless its buffer could not grow */
-    if (scale && product_int8_vnni(x, (const int8_t *)w, scale, y, m, n, k, num_threads) == 0) return;
-#endif
     const int int8 = scale != NULL;
+    const int16_t *xq = NULL;  /* int8 weights on VNNI: the rows rounded to int16, with their scales */
+    const float *rscale = NULL;
+    int64_t k_padded = 0;
+#ifdef INT8_VNNI
+    if (int8 && int16_rows(x, m, k, &xq, &rscale, &k_padded) != 0) xq = NULL;  /* no buffer: widen to float */
+#endif
     const int64_t stride = int8 ? k : k * (int64_t)sizeof(float), row_blocks = (m + XROWS - 1) / XROWS;
     #pragma omp parallel for schedule(static) num_threads(num_threads)
     for (int64_t j = 0; j < n; j += WROWS) {
         const int rw = n - j >= WROWS ? WROWS : (int)(n - j);
         for (int64_t b = 0, r = 0; b < row_blocks; b++) {
             const int rx = (int)(m / row_blocks + (b < m % row_blocks));
+            const int16_t *rows_q = xq ? xq + r * k_padded : NULL;
             if (rw == WROWS)
-                dot_block_any(x + r * k, (const char *)w + j * stride, stride, int8, k, y + r * n + j, n, WROWS, rx,
-                              b == 0);
+                product_block(x + r * k, rows_q, k_padded, (const char *)w + j * stride, stride, int8, k, y + r * n + j,
+                              n, WROWS, rx, b == 0);
             else  /* the last n % WROWS weight rows, one at a time */
                 for (int c = 0; c < rw; c++)
-                    dot_block_any(x + r * k, (const char *)w + (j + c) * stride, stride, int8, k, y + r * n + j + c,
-                                  n, 1, rx, b == 0);
+                    product_block(x + r * k, rows_q, k_padded, (const char *)w + (j + c) * stride, stride, int8, k,
+                                  y + r * n + j + c, n, 1, rx, b == 0);
             r += rx;
         }
         if (scale)
             for (int64_t r = 0; r < m; r++)
-                for (int c = 0; c < rw; c++) y[r * n + j + c] *= scale[j + c];
+                for (int c = 0; c < rw; c++) y[r * n + j + c] *= xq ? rscale[r] * scale[j + c] : scale[j + c];
     }
 }
 

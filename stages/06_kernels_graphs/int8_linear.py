@@ -10,8 +10,9 @@ That kernel pays off only for few rows: with many (a prefill chunk), the matmul 
 bound and it loses to a float GEMM. So a layer picks per call: up to `max_int8_rows` rows the
 int8 kernel; more rows: the weights dequantized to bfloat16 for that call, then one bf16
 matmul split over the cores (split_linear.py). Activations stay float32 between layers.
-With the cpu backend, a step of a few rows skips this module's forward: cpu_layer.c multiplies
-the same int8 weights and scales itself, with float32 activations.
+With the cpu backend every step skips this module's forward: cpu_layer.c multiplies the same
+int8 weights and scales itself (with VNNI's integer multiply-adds on activation rows rounded to
+int16, cpu_int8.c; else widened to float32).
 
     python -m course.final.bench_precision   # speed and quality against float32
 
