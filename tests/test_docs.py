@@ -155,3 +155,91 @@ def test_the_course_map_quotes_each_notebooks_saved_run(name, time):
         assert found, f"{path.name} has no saved-run note at its top"
         saved.append(f"{found.group(2)} s ({found.group(1)})")
     assert time.strip() == ", ".join(saved), f"update {name}'s notebook run in README.md's course map"
+
+
+# ---- headline figures ------------------------------------------------------------------------
+# Each README's "## Measured" section opens with one headline table:
+#
+#     | figure | value | results |
+#     |---|---:|---|
+#     | single stream, this engine | 48.8 tok/s | `results/bench_peers.json` `single.ours.tok_s` |
+#
+# The results cell names a JSON file (relative to the README's folder) and the key path of the
+# value in it (dots; list items by number). The value shown must be what the file holds, rounded
+# as written (a `%` value may be stored as a fraction), and the JSON must say which command wrote
+# it, a command the README quotes too. So a figure cannot drift from the run that made it.
+README_WITH_FIGURES = sorted(ROOT.glob("stages/*/README.md")) + [ROOT / "final" / "README.md"]
+FIGURE_ROW = re.compile(r"^\|(?P<what>[^|]+)\|(?P<value>[^|]+)\|\s*`(?P<file>[^`]+\.json)`\s*`(?P<key>[^`]+)`\s*\|\s*$",
+                        re.M)
+
+
+def headline_table(readme: Path) -> tuple[list[re.Match], str]:
+    text = readme.read_text()
+    measured = re.split(r"^## Measured.*$", text, maxsplit=1, flags=re.M)
+    assert len(measured) == 2, f"{readme.relative_to(ROOT)} has no '## Measured' section"
+    body = measured[1].split("\n## ", 1)[0]
+    table = re.search(r"^\| *figure *\| *value *\| *results *\|\n\|[-:| ]+\|\n((?:\|.*\|\n?)+)", body, re.M)
+    assert table, f"{readme.relative_to(ROOT)}: '## Measured' has no `| figure | value | results |` table"
+    return list(FIGURE_ROW.finditer(table.group(1))), body
+
+
+def lookup(data, key: str):
+    for part in key.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def shown_equals(shown: str, stored) -> bool:
+    number = re.search(r"-?\d[\d,]*(?:\.\d+)?", shown)
+    assert number, f"no number in {shown!r}"
+    text = number.group(0).replace(",", "")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    candidates = [float(stored)] + ([float(stored) * 100] if "%" in shown else [])
+    return any(abs(round(c, decimals) - float(text)) < 10 ** -decimals / 2 + 1e-9 for c in candidates)
+
+
+@pytest.mark.parametrize("readme", README_WITH_FIGURES, ids=lambda p: p.parent.name)
+def test_headline_figures_equal_their_results_files(readme):
+    rows, body = headline_table(readme)
+    assert rows, f"{readme.relative_to(ROOT)}: the headline table has no row naming a results file and key"
+    for row in rows:
+        path = readme.parent / row["file"]
+        assert path.is_file(), f"{readme.relative_to(ROOT)}: {row['file']} is not there"
+        data = json.loads(path.read_text())
+        command = data.get("command") if isinstance(data, dict) else None
+        assert command, f"{path.relative_to(ROOT)} does not say which command wrote it (write it with measure.write_json)"
+        assert command.split(" --")[0] in body, f"{readme.relative_to(ROOT)}: quote the command `{command}` beside its figures"
+        stored = lookup(data, row["key"].strip())
+        assert shown_equals(row["value"], stored), \
+            f"{readme.relative_to(ROOT)}: '{row['what'].strip()}' shows {row['value'].strip()}, {row['file']} holds {stored}"
+
+
+# ---- words for the reader --------------------------------------------------------------------
+# The repo speaks to a learner and an operator about the engine, never about how the repo was
+# made: no issue numbers, work sessions, work in progress or run diaries (git keeps the history).
+MAKING_OF = re.compile(r"\bissues? #?\d+\b|\bsessions?\b|work in progress|\b(?:earlier|previous|next) (?:run|session)s?\b"
+                       r"|\bbefore this change\b", re.I)
+ALLOWED = re.compile(r"scope=.session|httpx|Session\(|sessionmaker|session_id|requests\.Session|aiohttp", re.I)
+
+
+def written_files():
+    for pattern in ("*.md", "*.py", "*.c", "*.ipynb", "*.sh", "*.toml"):
+        for path in ROOT.rglob(pattern):
+            rel = path.relative_to(ROOT)
+            if rel.parts[0] not in (".git", ".ci") and "node_modules" not in rel.parts \
+                    and not any(p.startswith(".") or p.endswith(".egg-info") for p in rel.parts):
+                yield path
+
+
+def test_the_repo_speaks_to_its_reader():
+    found = []
+    for path in written_files():
+        if path == Path(__file__).resolve():  # this file has to name the words it looks for
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix == ".ipynb":  # the cells, not the saved outputs' metadata
+            text = "\n".join("".join(c["source"]) for c in json.loads(text)["cells"])
+        for number, line in enumerate(text.splitlines(), 1):
+            if MAKING_OF.search(line) and not ALLOWED.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
+    assert not found, "lines that speak of how the repo was made, not to its reader:\n" + "\n".join(found[:60])

@@ -36,9 +36,9 @@ def sections(text: str) -> list[tuple[str, str]]:
 
 
 def defined_tests(stage: Path) -> set[str]:
-    """Test functions (parametrized ones too) and test classes defined under the stage's tests/."""
+    """Test functions (parametrized ones too) and test classes defined under the stage's tests/ folders."""
     names = set()
-    for path in (stage / "tests").rglob("*.py"):
+    for path in stage.rglob("tests/**/*.py"):  # the lesson's tests and each sub-package's
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
                 names.add(node.name)

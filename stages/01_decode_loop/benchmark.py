@@ -1,6 +1,6 @@
 """Benchmark: the naive loop (no KV cache) vs transformers' generate, side by side.
 
-    python -m course.s01_decode_loop.benchmark [--new-tokens 32 128] [--json out.json]
+    python -m course.s01_decode_loop.benchmark [--new-tokens 32 128] [--results | --json out.json]
 
 Rows: our naive loop; transformers `generate(use_cache=False)`, the same algorithm in a
 library; and transformers `generate` with its KV cache, the preview of stage 02. Greedy,
@@ -9,14 +9,11 @@ float32, batch 1, the default model, warm-up excluded. Ratios are against our na
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import time
 
 import torch
 
 from .generate import encode_prompt, generate_naive
+from .measure import bench_cli, best_of, write_json  # noqa: F401  (write_json: imported by later stages)
 from .sampling import SamplingParams
 from .weights import load_model
 
@@ -48,44 +45,28 @@ def run(new_tokens: list[int], repeats: int = 1) -> list[dict]:
     for n in new_tokens:
         base = None
         for name, fn in systems.items():
-            best = min(_timed(fn, n) for _ in range(repeats))
+            best = best_of(fn, n, repeats=repeats, warmup=0)
             base = base or best
             rows.append({"system": name, "prompt_tokens": len(ids), "new_tokens": n, "seconds": best,
                          "tokens_per_s": n / best, "speed_vs_naive": base / best})
     return rows
 
 
-def write_json(path: str, result) -> None:
-    """What every stage's benchmark does with `--json`: the result, indented, for plots and notes."""
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-
-
-def _timed(fn, n) -> float:
-    t = time.perf_counter()
-    fn(n)
-    return time.perf_counter() - t
-
-
 def print_table(rows: list[dict]) -> None:
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32, greedy, batch 1")
+    print("float32, greedy, batch 1")
     print(f"{'system':42} {'new':>5} {'seconds':>8} {'tok/s':>7} {'x naive':>8}")
     for r in rows:
         print(f"{r['system']:42} {r['new_tokens']:>5} {r['seconds']:>8.2f} {r['tokens_per_s']:>7.1f} "
               f"{r['speed_vs_naive']:>8.2f}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--json", help="also write the rows to this file")
-    args = p.parse_args()
-    rows = run(args.new_tokens, args.repeats)
-    print_table(rows)
-    if args.json:
-        write_json(args.json, rows)
+
+
+main = bench_cli(__doc__, add_args, lambda args: {"rows": run(args.new_tokens, args.repeats)},
+                 lambda result: print_table(result["rows"]), module="course.s01_decode_loop.benchmark")
 
 
 if __name__ == "__main__":
