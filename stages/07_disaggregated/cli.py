@@ -1,12 +1,14 @@
-"""`python -m course.s07_disaggregated serve --prefill 1 --decode 1 [--policy cache_aware] [--model DIR]`
-`python -m course.s07_disaggregated serve --replicas 2 [--policy round_robin]`
+"""Stage 01's CLI contract, run through the disaggregated topology; `serve` keeps it running.
 
-Starts the topology on this machine (P prefill + D decode worker processes, KV over
-torch.distributed or a shared folder; or N unified replicas, no transfer), then either
-  * runs the prompts given with --prompt / --prompts-file through it (all at once, each one
-    prefill worker -> decode worker, or one replica) and prints them as the other stages do (--json: one
-    object per prompt), then stops the workers; or
-  * without prompts, serves POST /generate on --port until Ctrl-C, then stops the workers.
+    python -m course.s07_disaggregated --prompt "..." [--prefill 1 --decode 1 | --replicas N] [--json]
+    python -m course.s07_disaggregated serve [--prefill 1 --decode 1 | --replicas N] [--policy P] [--port 8000]
+
+Both start the topology on this machine (P prefill + D decode worker processes, KV over
+torch.distributed or a shared folder; or N unified replicas, no transfer). Then
+  * with prompts (--prompt / --prompts-file), they run through it all at once, each one prefill
+    worker -> decode worker (or one replica), print as the other stages do (--json: one object per
+    prompt), and the workers stop;
+  * `serve` without prompts serves POST /generate on --port until Ctrl-C, then stops the workers.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ def resolve_model_dir(name: str | None) -> Path:
 
 def parse_args(argv):
     parser = build_parser("Stage 07: prefill and decode in separate worker processes.")
-    parser.add_argument("command", choices=["serve"])
+    parser.add_argument("command", nargs="?", choices=["serve"],
+                        help="serve: keep the topology running behind POST /generate until Ctrl-C")
     t = parser.add_argument_group("topology")
     t.add_argument("--prefill", type=int, default=1, help="prefill workers")
     t.add_argument("--decode", type=int, default=1, help="decode workers")
@@ -61,6 +64,8 @@ def parse_args(argv):
     args = parser.parse_args(argv)
     if args.replicas < 0 or (args.replicas == 0 and min(args.prefill, args.decode) < 1):
         parser.error("need --prefill >= 1 and --decode >= 1, or --replicas >= 1")
+    if args.command is None and not (args.prompt or args.prompts_file):
+        parser.error("give at least one --prompt or a --prompts-file, or `serve` to run the topology until Ctrl-C")
     return parser, args
 
 

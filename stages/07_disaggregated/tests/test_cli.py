@@ -1,4 +1,5 @@
-"""`python -m course.s07_disaggregated serve`: the whole topology from one command."""
+"""`python -m course.s07_disaggregated`: the whole topology from one command, prompts as every
+stage takes them, or `serve` to keep it running."""
 import json
 import re
 import signal
@@ -27,11 +28,13 @@ def unified(folder, prompts, n):
                                                                                  ignore_eos=True))
 
 
-@pytest.mark.parametrize("connector", ["p2p", "shared_storage"])
-def test_cli_serve_runs_prompts_like_the_unified_engine(untied_folder, tmp_path, connector):
+@pytest.mark.parametrize("command, connector", [([], "p2p"), (["serve"], "shared_storage")])
+def test_cli_runs_prompts_like_the_unified_engine_with_or_without_serve(untied_folder, tmp_path, command, connector):
+    """The stage's contract (no subcommand) and `serve` with prompts: both run them through the
+    workers, print them as stage 01 does, and stop the workers."""
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "course.s07_disaggregated", "serve", "--prefill", "1", "--decode", "1",
+    proc = subprocess.run([sys.executable, "-m", "course.s07_disaggregated", *command, "--prefill", "1", "--decode", "1",
                            "--connector", connector, "--model", str(untied_folder), "--prompts-file", str(prompts),
                            "--max-new-tokens", "6", "--ignore-eos", "--json"], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
@@ -52,7 +55,10 @@ def up(url: str) -> bool:
 
 def test_cli_policy_and_replicas_flags_are_parsed():
     args = parse_args(["serve"])[1]
-    assert (args.policy, args.replicas, args.prefill, args.decode) == ("cache_aware", 0, 1, 1)
+    assert (args.command, args.policy, args.replicas, args.prefill, args.decode) == ("serve", "cache_aware", 0, 1, 1)
+    assert parse_args(["--prompt", "hi", "--replicas", "2"])[1].command is None  # prompts need no subcommand
+    with pytest.raises(SystemExit):
+        parse_args([])  # neither prompts nor `serve`: nothing to do
     args = parse_args(["serve", "--replicas", "3", "--policy", "least_loaded"])[1]
     assert (args.policy, args.replicas) == ("least_loaded", 3)
     for bad in (["--policy", "random"], ["--prefill", "0"], ["--replicas", "-1"]):

@@ -1,6 +1,9 @@
 """Stage 07's benchmark: what disaggregation and cache-aware routing change, measured on this machine.
 
-    python -m course.s07_disaggregated.benchmark [--model DIR] [--quick] [--json OUT.json] [--plot OUT.png]
+    OMP_NUM_THREADS=1 python -m course.s07_disaggregated.bench.benchmark [--model DIR] [--quick] \
+        [--results | --json OUT.json] [--plot OUT.png]
+
+`--results` writes stages/07_disaggregated/results/benchmark.json, which the README's figures quote.
 
 (a) unified vs disaggregated, same two cores. One unified worker pinned to cores {0,1} (two torch
     threads) against one prefill worker pinned to core 0 and one decode worker pinned to core 1
@@ -25,7 +28,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -34,9 +36,11 @@ from pathlib import Path
 
 import httpx
 
-from .cli import resolve_model_dir
-from .dispatcher import Dispatcher
-from .launcher import Topology
+from course.s01_decode_loop.measure import bench_cli
+
+from ..cli import resolve_model_dir
+from ..dispatcher import Dispatcher
+from ..launcher import Topology
 
 
 @dataclass
@@ -210,27 +214,27 @@ def plot(report: dict, path: str) -> None:
     fig.savefig(path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model folder or .gguf (default: the course's default model)")
     p.add_argument("--quick", action="store_true", help="a tiny run that only checks the benchmark works")
-    p.add_argument("--json", help="write the report here")
-    p.add_argument("--plot", help="write a figure here (needs matplotlib)")
-    args = p.parse_args(argv)
+    p.add_argument("--plot", help="also draw the figure here (needs matplotlib)")
+
+
+def run(args: argparse.Namespace) -> dict:
     s = QUICK if args.quick else Settings()
     model_dir = resolve_model_dir(args.model)
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
-    report = {"machine": {"cpus": sorted(os.sched_getaffinity(0)), "python": sys.version.split()[0]},
-              "model": str(model_dir), "settings": asdict(s), "quick": args.quick}
+    report = {"cpus": sorted(os.sched_getaffinity(0)), "model": str(model_dir), "settings": asdict(s),
+              "quick": args.quick}
     report["a"] = part_a(model_dir, s, vocab)
     report["b"] = part_b(model_dir, s, vocab)
-    print_tables(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
     if args.plot:
         plot(report, args.plot)
-    return 0
+    return report
+
+
+main = bench_cli(__doc__, add_args, run, print_tables, module="course.s07_disaggregated.bench.benchmark")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()
