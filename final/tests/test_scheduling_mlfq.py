@@ -3,7 +3,7 @@ order), never on time: service is counted with a cost model whose numbers the te
 import pytest
 import torch
 
-from course.final.cost_model import LinearCostModel
+from course.final.sim.cost_model import LinearCostModel
 from course.final.engine import Engine
 from course.final.scheduling import MLFQConfig, SkipJoinMLFQ, make_policy
 from course.s01_decode_loop.sampling import SamplingParams

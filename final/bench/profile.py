@@ -1,10 +1,10 @@
 """Where a step's time goes: a wall-clock breakdown of `Engine.step()` per phase.
 
-    python -m course.final.bench_profile                       # both workloads, the server's defaults
-    python -m course.final.bench_profile --workload single --torch-profiler   # + torch's top ops
-    python -m course.final.bench_profile --attention-backend torch --json out.json   # one option changed
+    python -m course.final.bench.profile                       # both workloads, the server's defaults
+    python -m course.final.bench.profile --workload single --torch-profiler   # + torch's top ops
+    python -m course.final.bench.profile --attention-backend torch --json out.json   # one option changed
 
-Workloads (the default model, greedy, EOS ignored, as issue 19's peer table measures):
+Workloads (the default model, greedy, EOS ignored, as bench/peers.py measures them):
   single     one chat request, 128 new tokens: the single-stream decode step
   saturated  40 ShareGPT requests at once (answers capped at 128 tokens): the serving step
 
@@ -22,7 +22,7 @@ wall clock around a call is the call's cost; the wrappers add a few us per call)
   sample       the batched sampler
   postprocess  the rest of the step: commits to the block manager, appends, detokenizing, finishing
 
-`step within N x its GEMVs` (issue 19's first goal) is the step's time over the time of its
+`step within N x its GEMVs` is the step's time over the time of its
 matrix products alone: every weight of one step (decoder linears and lm_head) multiplied by as
 many rows as the step has, back to back, outside the engine, by the fastest of torch's split
 `bmm`, MKL's sgemm and stage 06's C kernel (`gemv_floor`). Without one-call layers
@@ -51,8 +51,8 @@ from course.s06_kernels_graphs.bench_cpu_kernels import time_products
 from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight
 from course.s06_kernels_graphs.split_linear import SplitLinear
 
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 
 PHASES = ("schedule", "prepare", "linear", "attention", "layer calls", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -235,7 +235,7 @@ def print_result(r: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_profile", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.bench.profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
     p.add_argument("--attention-backend", choices=["torch", "cpu"], help="default: the server's (cpu where it compiles)")

@@ -17,7 +17,7 @@ import torch
 from course.s01_decode_loop.workloads import arrival_times
 from course.s04_continuous_batching.benchmark import serve, serve_hf, summarize
 
-from .engine import SpeculativeConfig
+from ..engine import SpeculativeConfig
 
 LOAD_SYSTEMS = {"off": None, "lookup k=4": SpeculativeConfig("lookup", 4), "eagle k=2": SpeculativeConfig("eagle", 2)}
 HF = "hf generate"

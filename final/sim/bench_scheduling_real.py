@@ -12,10 +12,10 @@ from course.s04_continuous_batching.engine import EngineConfig
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import MEASURED_CPU, load
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 from .replay import replay
-from .scheduling import POLICIES, make_policy
+from ..scheduling import POLICIES, make_policy
 from .scheduling_metrics import percentile, summarize
 from .simulator import TraceRequest, simulate
 

@@ -1,6 +1,6 @@
 """Lower precision on the CPU: speed and quality against float32, side by side in one run.
 
-    python -m course.final.bench_precision [--json out.json]
+    python -m course.final.bench.precision [--json out.json]
 
 Variants (the engine as the server runs it on the CPU: kernel_defaults.py for each dtype):
   float32         the default
@@ -27,9 +27,9 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import load_conversations, sample_requests
 
-from .bench_profile import profile
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from .profile import profile
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 
 VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8 weights": ("float32", "int8")}
 
@@ -61,7 +61,7 @@ def config_for(dtype: str, quantization):
 def main(argv: list[str] | None = None) -> None:
     from course.s06_kernels_graphs.precision import perplexity, top1_agreement
 
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_precision", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.bench.precision", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--skip-speed", action="store_true")

@@ -1,8 +1,8 @@
 """This server beside what a user would run instead: one at a time, same machine, same client.
 
-    python -m course.final.bench_peers                              # ours and transformers
-    python -m course.final.bench_peers --vllm-python /path/to/vllm-venv/bin/python --json peers.json
-    python -m course.final.bench_peers --ours-args "--fused" --ours-args "--dtype bfloat16"   # variants
+    python -m course.final.bench.peers                              # ours and transformers
+    python -m course.final.bench.peers --vllm-python /path/to/vllm-venv/bin/python --json peers.json
+    python -m course.final.bench.peers --ours-args "--fused" --ours-args "--dtype bfloat16"   # variants
 
 For every server (each started alone, after the previous one has exited):
   single stream  `--single-reps` chat requests one after another, 128 new tokens each, greedy,
@@ -37,8 +37,8 @@ import torch
 from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.default_model import ensure_default_model
 
-from .bench_serving import percentile, run, sharegpt_requests
-from .testing import free_port
+from .serving import percentile, run, sharegpt_requests
+from ..testing import free_port
 
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 NEW_TOKENS = 128
@@ -184,7 +184,7 @@ def prompt_token_count(model_dir: str, requests: list[tuple[str, int]]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_peers", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.bench.peers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peers", nargs="+", default=["ours", "transformers", "vllm"],
                    choices=["ours", "transformers", "vllm"], help="vllm runs only with --vllm-python")

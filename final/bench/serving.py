@@ -1,7 +1,7 @@
 """Serving benchmark: a client that loads a running server the way users do.
 
     python -m course.final serve &                       # the server under test
-    python -m course.final.bench_serving --request-rate 1 --num-requests 40 --json r1.json
+    python -m course.final.bench.serving --request-rate 1 --num-requests 40 --json r1.json
 
 Requests are ShareGPT prompts with their real answer lengths (stage 01's `sample_requests`, as
 vLLM's benchmark_serving samples them), sent to `/v1/chat/completions` (or `/v1/completions`)
@@ -168,7 +168,7 @@ def write_guidellm_data(path: str, requests: list[tuple[str, int]], arrivals: li
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_serving", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.bench.serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")

@@ -1,6 +1,6 @@
 """Speculation inside the batch, on and off, side by side in one run.
 
-    python -m course.final.bench_engine [--requests 8] [--max-output 64] [--concurrency 1 8]
+    python -m course.final.bench.engine [--requests 8] [--max-output 64] [--concurrency 1 8]
                                         [--sections speculation features json rates] [--json out.json]
                                         [--rates 0.5 1 inf] [--plot rates.png]
 
@@ -36,9 +36,9 @@ from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-from .bench_load import plot_rates, run_rates
-from .engine import Engine, SpeculativeConfig
-from .kernel_defaults import kernel_defaults
+from .load import plot_rates, run_rates
+from ..engine import Engine, SpeculativeConfig
+from ..kernel_defaults import kernel_defaults
 
 REWRITE = [
     "Fix the spelling in this text and repeat it: 'The quick brown fox jumpd over the lazy dog. It was a sunny day "
