@@ -37,7 +37,7 @@ from course.s04_continuous_batching.policy import FCFS, Priority, SchedulingPoli
 from course.s04_continuous_batching.request import Request
 from course.s04_continuous_batching.scheduler import SchedulerOutput
 
-from .sim.cost_model import CostModel
+from .cost_model import CostModel
 
 POLICIES = ("fcfs", "priority", "mlfq")
 
@@ -149,7 +149,7 @@ class SkipJoinMLFQ(SchedulingPolicy):
 
 def scheduling_policy(args) -> SchedulingPolicy:
     """The policy `python -m course.final serve`'s scheduling flags ask for."""
-    from .sim.cost_model import MEASURED_CPU, load
+    from .cost_model import MEASURED_CPU, load
     if args.scheduling_policy != "mlfq":
         return make_policy(args.scheduling_policy)
     mlfq = MLFQConfig(args.mlfq_base_quantum, args.mlfq_ratio, args.mlfq_levels, args.mlfq_starvation)
@@ -168,7 +168,7 @@ def make_policy(name: str, cost: CostModel | None = None, mlfq: MLFQConfig | Non
         return Priority()
     if name == "mlfq":
         if cost is None:
-            from .sim.cost_model import load
+            from .cost_model import load
             cost = load()
         return SkipJoinMLFQ(cost, mlfq)
     raise ValueError(f"unknown scheduling policy {name!r}; choose one of {list(POLICIES)}")

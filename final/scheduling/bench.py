@@ -1,9 +1,9 @@
 """FCFS vs priority vs Skip-Join MLFQ on ShareGPT traces, in the simulator at several loads, and
 (with --real) a small real run on this machine that also checks the simulator's predictions.
 
-    python -m course.final.sim.bench_scheduling --requests 10000 --json final/results/scheduling.json \\
+    python -m course.final.scheduling.bench --requests 10000 --json final/results/scheduling.json \\
         --plot final/results/scheduling.png
-    python -m course.final.sim.bench_scheduling --requests 0 --real 24 --json real.json
+    python -m course.final.scheduling.bench --requests 0 --real 24 --json real.json
 
 Load = arrival rate / FCFS's throughput on the same requests all at once. Two cost models: the one
 measured on our CPU with the engine's default sizes, and a GPU-like one (derived, not measured:
@@ -21,8 +21,8 @@ import time
 from course.s04_continuous_batching.engine import EngineConfig
 
 from .cost_model import MEASURED_CPU, gpu_like, load
-from ..scheduling import POLICIES, MLFQConfig, make_policy
-from .scheduling_metrics import percentile, plot, quantiles, summarize
+from .policies import POLICIES, MLFQConfig, make_policy
+from .metrics import percentile, plot, quantiles, summarize
 from .simulator import TraceRequest, simulate
 from .traces import poisson_trace, sharegpt_lengths
 
@@ -76,7 +76,7 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.final.sim.bench_scheduling", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.scheduling.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--requests", type=int, default=10000, help="ShareGPT requests per simulated trace (0: none)")
     p.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 0.9])
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(report["simulated"], args.plot)
     if args.real:
-        from .bench_scheduling_real import real_runs
+        from .bench_real import real_runs
         report["real"] = real_runs(loaded, args.real, args.real_load, args.seed)
     if args.json:
         with open(args.json, "w") as f:
