@@ -1,6 +1,6 @@
 """Lower precision on the CPU: speed and quality against float32, side by side in one run.
 
-    python -m course.final.bench.precision [--json out.json]
+    python -m course.final.bench.precision [--results | --json out.json]
 
 Variants (the engine as the server runs it on the CPU: kernel_defaults.py for each dtype):
   float32         the default
@@ -15,14 +15,12 @@ teacher-forced top-1 agreement on float32's greedy answers to 8 held-out ShareGP
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 from types import SimpleNamespace
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import load_conversations, sample_requests
@@ -58,15 +56,14 @@ def config_for(dtype: str, quantization):
     return KernelEngineConfig(num_blocks=64, **kernel_defaults("cpu", getattr(torch, dtype), quantization=quantization))
 
 
-def main(argv: list[str] | None = None) -> None:
-    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
-
-    p = argparse.ArgumentParser(prog="python -m course.final.bench.precision", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--skip-speed", action="store_true")
-    p.add_argument("--json")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
+
     fp32 = load_model()
     prompts, texts = quality_data(fp32.tokenizer)
     ref_engine = Engine(fp32.model, fp32.tokenizer, config_for("float32", None), fp32.eos_token_ids,
@@ -91,13 +88,17 @@ def main(argv: list[str] | None = None) -> None:
                 row[f"{workload}_output_tok_s"] = r["output_tok_s"]
                 row[f"{workload}_ms_per_step"] = r["ms_per_step"]
         rows.append(row)
-        print(f"{name:<14} top-1 agreement {row['top1_agreement']:.3f}  perplexity {row['perplexity']:.3f}"
-              + ("" if args.skip_speed else f"  single {row['single_output_tok_s']:.1f} tok/s  "
-                                             f"saturated {row['saturated_output_tok_s']:.1f} tok/s"), flush=True)
-    if args.json:
-        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                                          f"{torch.get_num_threads()} threads", "rows": rows})
+    return {"rows": rows}
 
+
+def report(result: dict) -> None:
+    for row in result["rows"]:
+        speed = (f"  single {row['single_output_tok_s']:.1f} tok/s  saturated {row['saturated_output_tok_s']:.1f} tok/s"
+                 if "single_output_tok_s" in row else "")
+        print(f"{row['variant']:<14} top-1 agreement {row['top1_agreement']:.3f}  perplexity {row['perplexity']:.3f}{speed}")
+
+
+main = bench_cli(__doc__, add_args, run, report, module="course.final.bench.precision")
 
 if __name__ == "__main__":
     main()
