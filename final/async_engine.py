@@ -29,8 +29,6 @@ from .engine_client import (EngineClient, EngineLimits, EventStream, GenerationR
                             ShuttingDownError)
 from .metrics import ServerMetrics
 
-__all__ = ["AsyncEngine", "EngineDeadError", "RequestFailedError", "ShuttingDownError"]
-
 
 class EngineDeadError(RuntimeError):
     """The engine step failed; every request in flight could not be completed."""

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import TokenEvent

@@ -7,7 +7,7 @@ Variants (the engine as the server runs it on the CPU: kernel_defaults.py for ea
   bfloat16        the whole model in bf16 (`serve --dtype bfloat16`)
   int8 weights    int8 weight-only linears, float32 elsewhere (`serve --quantization int8`)
 
-Speed: bench_profile's two workloads in process (single stream: 128 tokens; saturated: 40
+Speed: bench/profile.py's two workloads in process (single stream: 128 tokens; saturated: 40
 ShareGPT requests at once), output tok/s. Quality against float32 (stage 06's precision.py):
 teacher-forced top-1 agreement on float32's greedy answers to 8 held-out ShareGPT prompts
 (64 tokens each), and perplexity of 8 held-out ShareGPT answers (up to 256 tokens each).
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict:
         if not args.skip_speed:
             settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, dtype=dtype,
                                        attention_backend=None, fused=None, linear_splits=None,
-                                       quantization=quantization, one_call_layers=True)  # bench_profile's defaults
+                                       quantization=quantization, one_call_layers=True)  # profile.py's defaults
             for workload in ("single", "saturated"):
                 r = profile(loaded, settings, workload)
                 row[f"{workload}_output_tok_s"] = r["output_tok_s"]
