@@ -1,1 +1,1 @@
-"""The integrated engine behind an OpenAI-compatible server (work in progress: see issue 6)."""
+"""The integrated engine behind an OpenAI-compatible server: `python -m course.final serve`."""

@@ -17,9 +17,9 @@ from .engine import METHODS, Engine, SpeculativeConfig
 from .async_engine import AsyncEngine
 from .kernel_defaults import describe as describe_kernels
 from .kernel_defaults import kernel_defaults
-from .scheduling import POLICIES, scheduling_policy
+from .scheduling.policies import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
-from .remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
+from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
 from .torch_threads import off_the_main_thread
@@ -120,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--num-speculative-tokens", type=int, default=4, help="drafts per request per step")
     sp.add_argument("--speculative-disable-by-batch-size", type=int,
                     help="no speculation in steps with more running requests than this")
-    sc = s.add_argument_group("scheduling (stage 04's seam; final/scheduling.py)")
+    sc = s.add_argument_group("scheduling (stage 04's seam; final/scheduling/policies.py)")
     sc.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
                     help="fcfs; priority (vLLM's: the request's `priority`, lower first); mlfq (FastServe's skip-join MLFQ)")
-    sc.add_argument("--cost-model", help="MLFQ's cost model, a JSON from `python -m course.final.cost_model` "
+    sc.add_argument("--cost-model", help="MLFQ's cost model, a JSON from `python -m course.final.scheduling.cost_model` "
                                          "(default: the one measured on our 2-core CPU)")
     sc.add_argument("--mlfq-base-quantum", type=float, help="seconds of service at level 0 (default: one decode step)")
     sc.add_argument("--mlfq-ratio", type=float, default=2.0, help="quantum of level i: base * ratio**i")
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a response_format schema may take to compile (then 400)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
-    d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/remote_engine.py)")
+    d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/disaggregated/remote_engine.py)")
     d.add_argument("--disaggregated", action="store_true",
                    help="run the model in stage 07 worker processes: P prefill + D decode workers, or N replicas")
     d.add_argument("--prefill", type=int, help="prefill workers (default 1)")

@@ -14,18 +14,23 @@ plain decodes. Then, per request:
 Requests accept different lengths in one step; an EOS or a stop string inside an accepted run
 ends the request there. A request's grammar (a `response_format`) first cuts its draft at the
 first token it forbids, then masks every verified row, and its matcher rolls back to what was
-kept; its masks are filled on a worker thread while the forward runs (mask_prefetch.py). Requests that ask for logprobs are not speculated (emitted drafts have
-none), nor those added with `speculative=False` (they decode plainly beside drafted neighbours).
+kept; its masks are filled on a worker thread while the forward runs (mask_prefetch.py).
+Requests that ask for logprobs are not speculated (emitted drafts have none), nor those added
+with `speculative=False` (they decode plainly beside drafted neighbours). Both per-request
+options, the switch and the grammar, ride on the request itself (`ServedRequest`).
 Drafters: prompt lookup, or EAGLE with one feature store and head cache per request
 (drafters.py), fed every chunk's hidden states and rolled back with the verification.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from course.s04_continuous_batching.engine import StepOutput
+from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import verify_greedy, verify_sampled
@@ -53,6 +58,13 @@ class SpeculativeConfig:
             raise ValueError("num_speculative_tokens must be at least 1")
 
 
+@dataclass(eq=False)
+class ServedRequest(Request):
+    """Stage 04's request, with the two options of an API request that this engine reads."""
+    speculative: bool = True  # False: never drafted for
+    grammar: Any = None       # its response_format's logits processor (stage 08), also among its sampling's
+
+
 class Engine(LLMEngine):
     def __init__(self, model, tokenizer, config=None, eos_token_ids=(), speculative: SpeculativeConfig | None = None,
                  drafter: Drafter | DraftSource | None = None, prefetch_masks: bool = True, **kwargs):
@@ -73,23 +85,24 @@ class Engine(LLMEngine):
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
-        # Requests that asked not to be drafted for (the API's `speculative: false`). Whether to
-        # speculate is a serving choice, not a sampling one, so it lives here, beside the drafter,
-        # rather than in stage 01's SamplingParams, which every earlier stage shares.
-        self.not_speculated: set[int] = set()
 
-    def add_request(self, prompt_ids, params, *args, speculative: bool = True, **kwargs) -> int:
-        """Stage 04's add_request (its arguments pass through); `speculative=False`: this request
-        is never drafted for. Keyword-only, so it can never catch one of stage 04's arguments."""
-        return self._opt_out(super().add_request(prompt_ids, params, *args, **kwargs), speculative)
+    def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
+        """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
+        request's logits processors here, so its masks are applied as well as read."""
+        if grammar is not None:
+            params = dataclasses.replace(params, logits_processors=[*params.logits_processors, grammar])
+        rid = super().add_request(prompt_ids, params, priority)  # its refusals, its queue bound
+        req = self.requests[rid]
+        req.speculative, req.grammar = speculative, grammar
+        return rid
 
-    def add_sequence(self, seq, *args, speculative: bool = True, **kwargs) -> int:
-        return self._opt_out(super().add_sequence(seq, *args, **kwargs), speculative)
-
-    def _opt_out(self, request_id: int, speculative: bool) -> int:
-        if not speculative:
-            self.not_speculated.add(request_id)
-        return request_id
+    def add_sequence(self, seq, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
+        """Queue a Sequence from `make_sequence` (its sampling already holds `grammar`'s mask)."""
+        rid = next(self._ids)
+        self.requests[rid] = req = ServedRequest(rid, seq, priority=priority, speculative=speculative,
+                                                 grammar=grammar)
+        self.scheduler.add(req)
+        return rid
 
     def step(self) -> list[StepOutput]:
         self._propose()
@@ -97,7 +110,6 @@ class Engine(LLMEngine):
         alive = {r.request_id for r in self.scheduler.running + self.scheduler.waiting}
         if self.source is not None:  # finished, aborted or failed requests leave no drafter state
             self.source.prune(alive)
-        self.not_speculated &= alive  # nor an opt-out
         return outputs
 
     def _propose(self) -> None:
@@ -107,28 +119,27 @@ class Engine(LLMEngine):
             return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
         for req in self.scheduler.running:
             seq = req.seq
-            if req.num_uncomputed != 1 or seq.params.logprobs is not None or req.request_id in self.not_speculated:
+            if req.num_uncomputed != 1 or seq.params.logprobs is not None or not req.speculative:
                 continue  # prefilling, asking for logprobs (emitted drafts have none), or opted out
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
             if k > 0:
                 draft = self.source.propose(req, k)
-                tokens = self._grammar_prefix(seq, list(draft.tokens))
+                tokens = self._grammar_prefix(req, list(draft.tokens))
                 if tokens:
                     self.drafts[req.request_id] = tokens
                     self.draft_probs[req.request_id] = draft.probs
 
     @staticmethod
-    def _grammar_prefix(seq, tokens: list[int]) -> list[int]:
+    def _grammar_prefix(req: ServedRequest, tokens: list[int]) -> list[int]:
         """A draft cut at the first token the request's grammar forbids: the rows past it would
         be rejected anyway, so they are not worth a place in the step."""
-        for processor in seq.params.logits_processors:
-            if tokens and hasattr(processor, "valid_prefix"):
-                try:
-                    tokens = tokens[:processor.valid_prefix(seq.output_ids, tokens)]
-                except Exception:  # noqa: BLE001 - it fails again, for this request alone, when it samples
-                    return []
-        return tokens
+        if req.grammar is None or not tokens:
+            return tokens
+        try:
+            return tokens[:req.grammar.valid_prefix(req.seq.output_ids, tokens)]
+        except Exception:  # noqa: BLE001 - it fails again, for this request alone, when it samples
+            return []
 
     def _run(self, chunks):
         """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""

@@ -2,8 +2,8 @@
 
 A constrained request's mask depends only on the tokens it has so far, not on this step's
 logits, so it can be computed *during* the forward instead of after it (GPU engines fill the
-batch's bitmask on the CPU while the GPU computes). Each processor with a `prepare(output_ids)`
-method (stage 08's GrammarLogitsProcessor) gets it called here for the step's first sampling
+batch's bitmask on the CPU while the GPU computes). Each request's grammar (stage 08's
+GrammarLogitsProcessor) gets its `prepare(output_ids)` called here for the step's first sampling
 row; when sampling then calls the processor, the mask is ready.
 
 The engine thread waits for the worker before it samples, so a processor is never used by two
@@ -17,23 +17,19 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from course.s04_continuous_batching.request import Request
 
 
 class MaskPrefetcher:
     def __init__(self):
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="masks")
 
-    def start(self, chunks: list[tuple[Request, int]]) -> Future | None:
-        """Begin filling the masks of every request in `chunks` that samples this step."""
-        jobs = [(prepare, list(req.seq.output_ids)) for req, n in chunks
-                if req.num_computed_tokens + n >= req.num_tokens  # caught up: it samples this step
-                for prepare in self._prepares(req)]
+    def start(self, chunks: list) -> Future | None:
+        """Begin filling the masks of every request in `chunks` ((ServedRequest, rows) pairs)
+        that samples this step."""
+        jobs = [(req.grammar.prepare, list(req.seq.output_ids)) for req, n in chunks
+                if req.grammar is not None
+                and req.num_computed_tokens + n >= req.num_tokens]  # caught up: it samples this step
         return self._pool.submit(self._fill, jobs) if jobs else None
-
-    @staticmethod
-    def _prepares(req: Request) -> list:
-        return [p.prepare for p in req.seq.params.logits_processors if hasattr(p, "prepare")]
 
     @staticmethod
     def _fill(jobs) -> None:

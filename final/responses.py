@@ -4,7 +4,7 @@ from __future__ import annotations
 import itertools
 import json
 
-from .async_engine import RequestStream
+from .engine_client import EventStream
 from .errors import error_body
 from .protocol import StreamOptions
 
@@ -76,7 +76,7 @@ class Shape:
         return f"data: {json.dumps(body)}\n\n"
 
 
-async def sse(shape: Shape, stream: RequestStream, options: StreamOptions, status_of):
+async def sse(shape: Shape, stream: EventStream, options: StreamOptions, status_of):
     """One SSE event per token, flushed as it comes. A failure after the headers went out is
     sent as an error event in OpenAI's shape (`status_of(exc)` gives its status). A client that
     disconnects cancels this generator; closing `stream` aborts the request and frees its blocks."""

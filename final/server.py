@@ -11,6 +11,9 @@ compile limits), 413 for a body over --max-request-bytes, 429 when the queue is 
 on the event loop, no engine step waited for), 503 while shutting down, 500 only for an
 engine failure. Tokenizing, chat templating and schema compiling run off the event loop, and
 a client that goes away stops its request wherever it is (disconnect.py).
+
+The server knows its engine only as an EngineClient (engine_client.py): the same routes serve
+the engine thread in this process (async_engine.py) or stage 07's workers (disaggregated/).
 """
 from __future__ import annotations
 
@@ -27,11 +30,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.background import BackgroundTask
 
 from course.s04_continuous_batching.engine import QueueFullError
-from course.s04_continuous_batching.policy import Priority
 
-from .async_engine import AsyncEngine, ShuttingDownError
 from .body_limit import BodyLimit
 from .disconnect import until_disconnected
+from .engine_client import EngineClient, GenerationRequest, ShuttingDownError
 from .errors import error, install_error_handlers
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
 from .responses import Choice, Shape, sse
@@ -56,14 +58,14 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
-def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLimits | None = None) -> FastAPI:
+def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLimits | None = None) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="course.final")
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
     install_error_handlers(app)
-    max_len = engine.engine.max_model_len
-    app.state.grammars = grammars = GrammarCache(tokenizer, engine.engine.model.config.vocab_size,
-                                                 engine.engine.eos_token_ids, timeout_s=limits.grammar_timeout_s)
+    max_len = engine.limits.max_model_len
+    app.state.grammars = grammars = GrammarCache(tokenizer, engine.limits.vocab_size, list(engine.limits.eos_token_ids),
+                                                 timeout_s=limits.grammar_timeout_s)
     # One thread tokenizes and renders chat templates, so a long prompt never stalls the event
     # loop (the Rust tokenizer releases the GIL); one thread is enough and keeps it thread-safe.
     text_pool = ThreadPoolExecutor(1, thread_name_prefix="tokenizer")
@@ -128,32 +130,29 @@ def build_app(engine: AsyncEngine, tokenizer, model_name: str, limits: ServerLim
             return error(status_of(e), str(e))
 
     async def respond(body, ids: list[int], max_tokens: int, kind: str):
-        refusal = getattr(engine, "refuse", None)  # a remote engine names what its workers cannot do
-        if refusal is not None and (why := refusal(body)):
-            return error(400, why)
-        if body.priority and not isinstance(engine.engine.scheduler.policy, Priority):  # as vLLM: never ignored
-            return error(400, f"priority={body.priority} needs a server started with --scheduling-policy priority")
         if len(ids) + max_tokens > max_len:
             return error(400, f"This model's maximum context length is {max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                               "completion). Please reduce the prompt or max_tokens.")
-        params = body.sampling_params(max_tokens)  # ValueError for bad sampling values
-        if body.response_format is not None and body.response_format.type != "text" and body.ignore_eos:
+        rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        request = GenerationRequest(ids, body.sampling_params(max_tokens),  # ValueError for bad sampling values
+                                    priority=body.priority, speculative=body.speculative, request_id=rid)
+        constrained = body.response_format is not None and body.response_format.type != "text"
+        if constrained and body.ignore_eos:
             return error(400, "ignore_eos cannot be combined with response_format: once the JSON is complete "
                               "only the end of the output may follow")
-        # 400s past its limits; max_tokens: the JSON is closed before it runs out (issue 20)
-        processors = await grammars.processors(body.response_format, len(params), max_tokens)
-        headers = warning_headers(processors)  # what a best-effort schema compile did not enforce
-        for p, processor in zip(params, processors or []):
-            p.logits_processors = [processor]
-        stream = engine.submit(ids, params, speculative=body.speculative, priority=body.priority)  # admission: raises at once
-        rid, created = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}", int(time.time())
-        shape = Shape(kind, rid, created, model_name, len(ids), tokenizer)
+        # 400s past its limits; max_tokens: the JSON is closed before it runs out
+        request.grammars = await grammars.processors(body.response_format, request.n, max_tokens)
+        if why := engine.refuse(request):  # an option this engine cannot honour: named, never ignored
+            return error(400, why)
+        headers = warning_headers(request.grammars)  # what a best-effort schema compile did not enforce
+        stream = engine.submit(request)  # admission: raises at once
+        shape = Shape(kind, request.request_id, int(time.time()), model_name, len(ids), tokenizer)
         if body.stream:
             return StreamingResponse(sse(shape, stream, body.stream_options or StreamOptions(), status_of),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close),
                                      headers=headers)
-        choices = [Choice() for _ in params]
+        choices = [Choice() for _ in request.params]
         try:
             async for index, event in stream:
                 choices[index].add(event)

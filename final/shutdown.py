@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 import uvicorn
 
-from .async_engine import AsyncEngine
+from .engine_client import EngineClient
 
 log = logging.getLogger("uvicorn.error")
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, drain_timeout: float,
+    def __init__(self, config: uvicorn.Config, engine: EngineClient, drain_timeout: float,
                  on_drain: Callable[[], None] = lambda: None):
         super().__init__(config)
         self.engine, self.drain_timeout, self.on_drain = engine, drain_timeout, on_drain

@@ -13,7 +13,7 @@ refused (400, stage 08's strict mode). Otherwise the server is best-effort: it e
 can, relaxes the rest, and says what it relaxed in the response header
 `x-structured-output-warnings` (a JSON list of {keyword, at, relaxed_to}), streamed or not.
 
-Answers that finish (issue 20): in best-effort mode, strings, numbers and arrays the schema
+Answers that finish: in best-effort mode, strings, numbers and arrays the schema
 leaves unbounded get serving defaults (stage 08's SERVING_BOUNDS: 64 characters, 16 digits,
 16 items; each one applied is listed in the same header, kind "default-bound"), and every
 processor closes on budget: when the tokens left in max_tokens are about what the shortest
@@ -35,7 +35,7 @@ from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRIC
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
-from .async_engine import ShuttingDownError
+from .engine_client import ShuttingDownError
 
 ANY_OBJECT = {"type": "object"}
 WARNINGS_HEADER = "x-structured-output-warnings"

@@ -6,7 +6,7 @@ copies, concatenating the fused weights, zeroing the KV pool), OpenMP keeps a se
 worker threads for it, and on a small machine that team slows every op the engine thread runs.
 Measured on our 2-core CPU, the same engine stepped from a thread: 15.0-17.5 tok/s single
 stream when the main thread loaded the model, 21.0-23.8 tok/s when a short-lived thread did
-(`python -m course.final.bench_profile` runs on the main thread throughout: 21-25 tok/s).
+(`python -m course.final.bench.profile` runs on the main thread throughout: 21-25 tok/s).
 
 So the CLI builds the model and the engine inside `off_the_main_thread`: a thread that does
 the work and exits, taking its OpenMP team with it.

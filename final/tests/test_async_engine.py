@@ -6,10 +6,12 @@ import time
 import pytest
 
 from course.final.async_engine import AsyncEngine, EngineDeadError
+from course.final.engine import Engine
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
 from course.s03_paged.block_manager import NoFreeBlocksError
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine, QueueFullError
+from course.s04_continuous_batching.engine import LLMEngine, QueueFullError
+from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 PROMPTS = [[5] * 3, [6] * 20, [7] * 9, [8] * 14]
 
@@ -20,8 +22,8 @@ def params(n, seed=None):
 
 @pytest.fixture
 def engine(byte_tok):
-    eng = AsyncEngine(LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=64, block_size=4,
-                                                                               max_waiting=8))).start()
+    eng = AsyncEngine(Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4,
+                                                                             max_waiting=8))).start()
     yield eng
     eng.shutdown()
 
@@ -70,7 +72,7 @@ def test_async_refusals_arrive_before_any_token(engine):
 
 
 def test_async_queue_full_is_reported(byte_tok):
-    eng = AsyncEngine(LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(max_waiting=1, max_num_seqs=1)))
+    eng = AsyncEngine(Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(max_waiting=1, max_num_seqs=1)))
     eng.start()
     try:
         async def main():
@@ -114,7 +116,7 @@ def test_async_engine_survives_a_consumer_whose_loop_closed(engine):
 def test_async_metrics_follow_the_engine_under_preemption(byte_tok):
     """A pool too small for everyone forces preemptions; the Prometheus counters must agree
     with the engine's own totals, and every request must be counted once when it ends."""
-    eng = AsyncEngine(LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=14, block_size=4)))
+    eng = AsyncEngine(Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=14, block_size=4)))
     eng.start()
     try:
         async def main():

@@ -129,11 +129,14 @@ def test_grammar_requests_never_verify_a_forbidden_draft(byte_tok, wrong_every):
     compiled = compile_grammar(grammar_from_regex(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
     prompts = [list(b"list: "), list(b"Another prompt, longer than the first one: "), list(b"x")]
 
-    def params():
-        return [SamplingParams(max_new_tokens=24, temperature=0.0, logits_processors=[GrammarLogitsProcessor(compiled)])
-                for _ in prompts]
+    def generate(engine):  # each request with its own grammar
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=24, temperature=0.0),
+                                  grammar=GrammarLogitsProcessor(compiled)) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return [engine.requests[i].seq.output_ids for i in ids]
     config = KernelEngineConfig(num_blocks=64, block_size=4)
-    want = [o.token_ids for o in Engine(model, byte_tok, config, [eos]).generate(prompts, params())]
+    want = generate(Engine(model, byte_tok, config, [eos]))
     tilde = ord("~")  # never allowed by the grammar
     proposed = []
 
@@ -151,7 +154,7 @@ def test_grammar_requests_never_verify_a_forbidden_draft(byte_tok, wrong_every):
             self.verified.append(list(drafts))
             return super()._verify(req, rows, drafts)
     engine = Watched(model, byte_tok, config, [eos], SpeculativeConfig("lookup", 4), drafter=Corrupting())
-    got = [o.token_ids for o in engine.generate(prompts, params())]
+    got = generate(engine)
     assert got == want
     for ids in got:
         assert re.fullmatch(GRAMMAR, byte_tok.decode(ids, skip_special_tokens=True))

@@ -58,7 +58,7 @@ def test_a_request_with_speculation_off_is_never_drafted_for_beside_a_drafted_on
     # the spec counters hold the drafted request's verifications and nothing of the other's
     _, alone, _, _ = run(model, byte_tok, truth, [(DRAFTED, True)])
     assert engine.spec_stats == alone.spec_stats and engine.accepted_per_position == alone.accepted_per_position
-    assert engine.not_speculated == set()  # the opt-out was dropped when its request ended
+    assert not engine.drafts  # nothing of either request is left in the drafter's step state
 
 
 def test_the_same_pair_both_speculated_drafts_for_both(byte_tok):
@@ -78,7 +78,8 @@ def test_an_aborted_opted_out_request_leaves_no_trace(byte_tok):
     engine = Engine(model, byte_tok, KernelEngineConfig(**CONFIG), [TINY_EOS], SpeculativeConfig("lookup", 4))
     rid = engine.add_request(list(PLAIN), GREEDY, speculative=False)
     engine.step()
-    assert engine.not_speculated == {rid}
+    assert engine.requests[rid].speculative is False  # the switch rides on the request itself
     engine.abort(rid)
     engine.step()
-    assert engine.not_speculated == set()
+    engine.forget(rid)
+    assert rid not in engine.requests and rid not in engine.drafts

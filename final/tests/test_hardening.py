@@ -1,6 +1,6 @@
-"""One bad request must never hurt another: each of these was once a 500, a hang, a stalled
-event loop or a request that kept running for nobody (issue 13). Each test fails on the
-server as it was before the fix."""
+"""One bad request must never hurt another: each test here names a way a server can fail one
+request and its neighbours with it (a 500, a hang, a stalled event loop, a request that keeps
+running for nobody), and checks that this one does not."""
 import asyncio
 import json
 import signal
@@ -69,13 +69,13 @@ def test_hardening_failing_request_does_not_fail_its_neighbours(server):
     url, engine = server
     real_submit = engine.submit
 
-    def submit_with_a_broken_one(ids, params, **options):
-        if ids == list(b"break me"):
+    def submit_with_a_broken_one(request):
+        if request.prompt_ids == list(b"break me"):
             def broken(output_ids, logits):
                 raise RuntimeError("boom in one request")
-            for p in params:
+            for p in request.params:
                 p.logits_processors = [broken]
-        return real_submit(ids, params, **options)
+        return real_submit(request)
     engine.submit = submit_with_a_broken_one
     try:
         async def scenario():

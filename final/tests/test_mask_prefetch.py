@@ -44,8 +44,11 @@ def run(byte_tok, compiled, prefetch: bool):
     engine = Engine(tiny_model("mha_untied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4),
                     [byte_tok.eos_token_id], prefetch_masks=prefetch)
     processors = [WhereFilled(compiled) for _ in PROMPTS]
-    params = [SamplingParams(max_new_tokens=24, logits_processors=[p], **s) for p, s in zip(processors, SETTINGS)]
-    return [o.token_ids for o in engine.generate(PROMPTS, params)], processors
+    ids = [engine.add_request(prompt, SamplingParams(max_new_tokens=24, **s), grammar=p)
+           for prompt, p, s in zip(PROMPTS, processors, SETTINGS)]
+    while engine.has_unfinished():
+        engine.step()
+    return [engine.requests[i].seq.output_ids for i in ids], processors
 
 
 def test_masks_filled_during_the_forward_give_the_same_tokens(byte_tok, compiled):
@@ -70,10 +73,10 @@ def test_a_processor_failing_ahead_of_time_fails_only_its_request(byte_tok, comp
 
     engine = Engine(tiny_model("mha_untied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4),
                     [byte_tok.eos_token_id])
-    bad = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.0,
-                                                        logits_processors=[Broken(compiled)]))
-    good = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=8, temperature=0.0,
-                                                         logits_processors=[GrammarLogitsProcessor(compiled)]))
+    bad = engine.add_request(PROMPTS[0], SamplingParams(max_new_tokens=8, temperature=0.0),
+                             grammar=Broken(compiled))
+    good = engine.add_request(PROMPTS[1], SamplingParams(max_new_tokens=8, temperature=0.0),
+                              grammar=GrammarLogitsProcessor(compiled))
     while engine.has_unfinished():
         engine.step()
     assert engine.requests[bad].finish_reason == "error" and "mask store lost" in str(engine.requests[bad].error)

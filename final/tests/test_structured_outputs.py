@@ -113,7 +113,7 @@ UNBOUNDED = {"type": "object", "properties": {"note": {"type": "string"}, "n": {
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_best_effort_answers_finish_within_max_tokens(server, stream):
-    """Issue 20: an unbounded string gets the serving default bound (said in the header), and the
+    """Answers that finish: an unbounded string gets the serving default bound (said in the header), and the
     JSON closes before max_tokens: finish_reason "stop", a complete, valid document."""
     fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": UNBOUNDED}}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 30, "temperature": 0,

@@ -15,7 +15,7 @@ lm_head), random weights of the real shapes, `rows` activation rows (1 = one dec
 
 Reported: ms per forward, effective GB/s of weights read, and the ratio to `linear`. The
 engine runs float32 unless asked: `--dtype bfloat16`, or int8 weights with `--quantization int8`
-(int8_linear.py, which uses the int8 kernel for few rows only; final/bench_precision.py measures
+(int8_linear.py, which uses the int8 kernel for few rows only; final/bench/precision.py measures
 speed and quality).
 """
 from __future__ import annotations

@@ -14,7 +14,7 @@ With the cpu backend every step skips this module's forward: cpu_layer.c multipl
 int8 weights and scales itself (with VNNI's integer multiply-adds on activation rows rounded to
 int16, cpu_int8.c; else widened to float32).
 
-    python -m course.final.bench_precision   # speed and quality against float32
+    python -m course.final.bench.precision   # speed and quality against float32
 
 Quality is not free: outputs are close to, not equal to, float32's (tests/test_int8_linear.py
 bounds the error; bench_precision reports greedy agreement and perplexity on held-out text).

@@ -1,8 +1,9 @@
 """This server beside what a user would run instead: one at a time, same machine, same client.
 
-    python -m course.final.bench_peers                              # ours and transformers
-    python -m course.final.bench_peers --vllm-python /path/to/vllm-venv/bin/python --json peers.json
-    python -m course.final.bench_peers --ours-args "--fused" --ours-args "--dtype bfloat16"   # variants
+    python -m course.final.bench.peers                              # ours and transformers
+    python -m course.final.bench.peers --vllm-python /path/to/vllm-venv/bin/python --json peers.json
+    python -m course.final.bench.peers --ours-args "--fused" --ours-args "--dtype bfloat16"   # variants
+    python -m course.final.bench.peers --results      # writes final/results/peers.json
 
 For every server (each started alone, after the previous one has exited):
   single stream  `--single-reps` chat requests one after another, 128 new tokens each, greedy,
@@ -23,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import shlex
 import signal
 import subprocess
@@ -34,11 +33,11 @@ import time
 import httpx
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.default_model import ensure_default_model
+from course.s01_decode_loop.measure import bench_cli, median_of
 
-from .bench_serving import percentile, run, sharegpt_requests
-from .testing import free_port
+from .serving import percentile, run, sharegpt_requests
+from ..testing import free_port
 
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 NEW_TOKENS = 128
@@ -48,13 +47,7 @@ NEW_TOKENS = 128
 def gemm_gflops(reps: int = 20) -> float:
     """fp32 GEMM rate at a prefill-like shape, median of `reps`."""
     a, b = torch.randn(512, 576), torch.randn(576, 1536)
-    torch.mm(a, b)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        torch.mm(a, b)
-        times.append(time.perf_counter() - t)
-    return 2 * 512 * 576 * 1536 / sorted(times)[reps // 2] / 1e9
+    return 2 * 512 * 576 * 1536 / median_of(torch.mm, a, b, repeats=reps) / 1e9
 
 
 def flops_per_token(model_dir: str) -> float:
@@ -183,9 +176,7 @@ def prompt_token_count(model_dir: str, requests: list[tuple[str, int]]) -> int:
                                            tokenize=True, return_dict=False)) for p, _ in requests)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_peers", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", nargs="+", default=["ours", "transformers", "vllm"],
                    choices=["ours", "transformers", "vllm"], help="vllm runs only with --vllm-python")
     p.add_argument("--ours-args", action="append", default=[],
@@ -194,16 +185,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--single-reps", type=int, default=4)
     p.add_argument("--num-requests", type=int, default=40)
     p.add_argument("--start-timeout", type=float, default=1200)
-    p.add_argument("--json", help="write the table here")
-    args = p.parse_args(argv)
 
+
+def run_peers(args: argparse.Namespace) -> dict:
     model_dir = str(ensure_default_model())
     requests = sharegpt_requests(model_dir, args.num_requests, 0, 512, NEW_TOKENS)
     prompt_tokens = prompt_token_count(model_dir, requests)
     ceiling_gflops = gemm_gflops()
     ceiling_tok_s = ceiling_gflops * 1e9 / flops_per_token(model_dir)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.get_num_threads()} threads; "
-          f"fp32 GEMM {ceiling_gflops:.0f} GFLOP/s -> ceiling {ceiling_tok_s:.0f} prompt+output tok/s", flush=True)
+    print(f"fp32 GEMM {ceiling_gflops:.0f} GFLOP/s -> ceiling {ceiling_tok_s:.0f} prompt+output tok/s", flush=True)
 
     rows = []
 
@@ -232,10 +222,13 @@ def main(argv: list[str] | None = None) -> None:
             record("vLLM for CPU", measure_server(url, requests, prompt_tokens, args.single_reps))
         finally:
             stop(proc)
-    if args.json:
-        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "float32": True,
-                               "gemm_gflops": ceiling_gflops, "ceiling_tok_s": ceiling_tok_s,
-                               "prompt_tokens": prompt_tokens, "num_requests": len(requests), "rows": rows})
+    return {"float32": True, "gemm_gflops": ceiling_gflops, "ceiling_tok_s": ceiling_tok_s,
+            "prompt_tokens": prompt_tokens, "num_requests": len(requests), "rows": rows}
+
+
+def report(result: dict) -> None:
+    for row in result["rows"]:
+        print_row(row)
 
 
 def print_row(r: dict, flush: bool = False) -> None:
@@ -247,6 +240,8 @@ def print_row(r: dict, flush: bool = False) -> None:
           f"({fmt(r['share_of_ceiling'] and 100 * r['share_of_ceiling'], '.0f')}% of the ceiling), "
           f"failed {r['saturated_failed']}", flush=flush)
 
+
+main = bench_cli(__doc__, add_args, run_peers, report, module="course.final.bench.peers")
 
 if __name__ == "__main__":
     main()

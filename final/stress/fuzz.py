@@ -1,12 +1,12 @@
 """Fuzz the server: hostile request bodies must never get a 5xx, never hang, never kill it.
 
-    python -m course.final.fuzz                   # its own tiny server, the table + 300 generated
-    python -m course.final.fuzz --cases 5000      # more generated cases
-    python -m course.final.fuzz --url http://127.0.0.1:8000 --cases 500   # a running server
-    python -m course.final.fuzz --cases 0 --overload 200   # then time 429s under a burst
+    python -m course.final.stress.fuzz                   # its own tiny server, the table + 300 generated
+    python -m course.final.stress.fuzz --cases 5000      # more generated cases
+    python -m course.final.stress.fuzz --url http://127.0.0.1:8000 --cases 500   # a running server
+    python -m course.final.stress.fuzz --cases 0 --overload 200   # then time 429s under a burst
 
 Two sources of cases, both sent to both routes:
-* HOSTILE, a table of what broke servers before (issue 13) and its relatives: out-of-range
+* HOSTILE, a table of bodies known to break servers, and their relatives: out-of-range
   seeds, lone surrogates, invalid UTF-8, empty prompts, NaN and infinity, huge numbers, wrong
   types, deep nesting, giant strings, bad roles, logprobs out of range, max_tokens past the
   context, hostile JSON schemas and regexes;
@@ -362,14 +362,14 @@ def tiny_server():
     """A tiny random-weight model behind a live server on a free loopback port."""
     from course.s01_decode_loop.testing import byte_tokenizer
 
-    from .testing import live_server, tiny_engine
+    from ..testing import live_server, tiny_engine
     tok = byte_tokenizer()
     with live_server(tiny_engine(tok, max_waiting=8), tok) as url:
         yield url
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.final.fuzz", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.stress.fuzz", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start a tiny random-weight one here)")
     p.add_argument("--cases", type=int, default=300, help="generated cases, after the hostile table")

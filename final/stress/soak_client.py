@@ -1,4 +1,4 @@
-"""The soak's requests (course.final.soak): the workload drawn from a seed, the clients that
+"""The soak's requests (course.final.stress.soak): the workload drawn from a seed, the clients that
 send it (some hang up, some give up) and read the answers, and the checks on one answer."""
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The profiler and the peer benchmark count what they claim to count (on the tiny model;
 their figures come from the default model, in the READMEs)."""
-from course.final.bench_peers import measure_server
-from course.final.bench_profile import PHASES, PhaseClock, breakdown, instrument, uninstrument
+from course.final.bench.peers import measure_server
+from course.final.bench.profile import PHASES, PhaseClock, breakdown, instrument, uninstrument
 from course.final.engine import Engine
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model

@@ -1,5 +1,5 @@
 """The engine under load, in process: requests arrive as a Poisson process at several rates, and
-each system serves the same arrivals (`bench_engine --sections rates`).
+each system serves the same arrivals (`python -m course.final.bench.engine --sections rates`).
 
 Systems: speculation off, prompt lookup (k=4), EAGLE (k=2), and transformers `generate` as the
 outside baseline (a static batcher: up to 8 arrived requests, left-padded, run to the longest).
@@ -17,7 +17,7 @@ import torch
 from course.s01_decode_loop.workloads import arrival_times
 from course.s04_continuous_batching.benchmark import serve, serve_hf, summarize
 
-from .engine import SpeculativeConfig
+from ..engine import SpeculativeConfig
 
 LOAD_SYSTEMS = {"off": None, "lookup k=4": SpeculativeConfig("lookup", 4), "eagle k=2": SpeculativeConfig("eagle", 2)}
 HF = "hf generate"

@@ -1,9 +1,8 @@
 """FCFS vs priority vs Skip-Join MLFQ on ShareGPT traces, in the simulator at several loads, and
 (with --real) a small real run on this machine that also checks the simulator's predictions.
 
-    python -m course.final.bench_scheduling --requests 10000 --json final/results/scheduling.json \\
-        --plot final/results/scheduling.png
-    python -m course.final.bench_scheduling --requests 0 --real 24 --json real.json
+    python -m course.final.scheduling.bench --requests 10000 --results --plot final/results/scheduling.png
+    python -m course.final.scheduling.bench --requests 0 --real 24 --json real.json
 
 Load = arrival rate / FCFS's throughput on the same requests all at once. Two cost models: the one
 measured on our CPU with the engine's default sizes, and a GPU-like one (derived, not measured:
@@ -15,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 
+from course.s01_decode_loop.measure import bench_cli
 from course.s04_continuous_batching.engine import EngineConfig
 
 from .cost_model import MEASURED_CPU, gpu_like, load
-from .scheduling import POLICIES, MLFQConfig, make_policy
-from .scheduling_metrics import percentile, plot, quantiles, summarize
+from .policies import POLICIES, MLFQConfig, make_policy
+from .metrics import percentile, plot, quantiles, summarize
 from .simulator import TraceRequest, simulate
 from .traces import poisson_trace, sharegpt_lengths
 
@@ -75,9 +74,7 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
     return runs
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_scheduling", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=10000, help="ShareGPT requests per simulated trace (0: none)")
     p.add_argument("--loads", type=float, nargs="+", default=[0.5, 0.7, 0.9])
     p.add_argument("--real", type=int, default=0, help="also run this many requests through the real engine")
@@ -87,13 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     p.add_argument("--mlfq-starvation", type=float, help="seconds (default: MLFQConfig's)")
     p.add_argument("--num-blocks", type=int, help="KV pool size of the simulated engine (default: the setup's)")
-    p.add_argument("--json")
     p.add_argument("--plot")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """The simulated runs (and the real ones); each run's line is printed as it finishes."""
     from course.s01_decode_loop.weights import load_model
 
     loaded = load_model()
-    report = {"requests": args.requests, "loads": args.loads, "seed": args.seed,
+    result = {"requests": args.requests, "loads": args.loads, "seed": args.seed,
               "mlfq_starvation_s": args.mlfq_starvation, "num_blocks": args.num_blocks}
     if args.requests:
         start = time.perf_counter()
@@ -101,18 +100,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(lengths)} ShareGPT requests in {time.perf_counter() - start:.1f} s: prompt mean "
               f"{sum(p for p, _ in lengths) / len(lengths):.0f}, answer mean {sum(o for _, o in lengths) / len(lengths):.0f}"
               f" p50 {percentile([o for _, o in lengths], 50):.0f} p99 {percentile([o for _, o in lengths], 99):.0f}")
-        report["simulated"] = simulated_runs(lengths, args.loads, args.seed, args.setups, args.policies,
+        result["simulated"] = simulated_runs(lengths, args.loads, args.seed, args.setups, args.policies,
                                              args.mlfq_starvation, args.num_blocks)
         if args.plot:
-            plot(report["simulated"], args.plot)
+            plot(result["simulated"], args.plot)
     if args.real:
-        from .bench_scheduling_real import real_runs
-        report["real"] = real_runs(loaded, args.real, args.real_load, args.seed)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
-    return 0
+        from .bench_real import real_runs
+        result["real"] = real_runs(loaded, args.real, args.real_load, args.seed)
+    return result
 
+
+def report(result: dict) -> None:
+    print(f"{len(result.get('simulated', []))} simulated runs, {len(result.get('real', []))} real runs")
+
+
+main = bench_cli(__doc__, add_args, run, report, module="course.final.scheduling.bench")
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -1,10 +1,11 @@
 """Where a step's time goes: a wall-clock breakdown of `Engine.step()` per phase.
 
-    python -m course.final.bench_profile                       # both workloads, the server's defaults
-    python -m course.final.bench_profile --workload single --torch-profiler   # + torch's top ops
-    python -m course.final.bench_profile --attention-backend torch --json out.json   # one option changed
+    python -m course.final.bench.profile                       # both workloads, the server's defaults
+    python -m course.final.bench.profile --workload single --torch-profiler   # + torch's top ops
+    python -m course.final.bench.profile --attention-backend torch --json out.json   # one option changed
+    python -m course.final.bench.profile --results     # writes final/results/profile.json
 
-Workloads (the default model, greedy, EOS ignored, as issue 19's peer table measures):
+Workloads (the default model, greedy, EOS ignored, as bench/peers.py measures them):
   single     one chat request, 128 new tokens: the single-stream decode step
   saturated  40 ShareGPT requests at once (answers capped at 128 tokens): the serving step
 
@@ -15,14 +16,14 @@ wall clock around a call is the call's cost; the wrappers add a few us per call)
   prepare      host lists -> the runner's persistent buffers and the backend's metadata
   linear       every nn.Linear of the decoder (the GEMVs / GEMMs: the part bounded by the machine)
   attention    the attention backend (KV write + attention), all layers
-  layer calls  stage 06's one-call layers (cpu_layer.py): the matrix products and
+  layer calls  stage 06's one-call layers (the CPU backend's): the matrix products and
                everything between them, one C call per layer
   other fwd    the rest of the forward: embedding, norms, RoPE, SiLU, residual adds
   lm_head      logits of the sampling rows
   sample       the batched sampler
   postprocess  the rest of the step: commits to the block manager, appends, detokenizing, finishing
 
-`step within N x its GEMVs` (issue 19's first goal) is the step's time over the time of its
+`step within N x its GEMVs` is the step's time over the time of its
 matrix products alone: every weight of one step (decoder linears and lm_head) multiplied by as
 many rows as the step has, back to back, outside the engine, by the fastest of torch's split
 `bmm`, MKL's sgemm and stage 06's C kernel (`gemv_floor`). Without one-call layers
@@ -31,8 +32,6 @@ many rows as the step has, back to back, outside the engine, by the fastest of t
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -40,8 +39,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
@@ -51,8 +50,8 @@ from course.s06_kernels_graphs.bench_cpu_kernels import time_products
 from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight
 from course.s06_kernels_graphs.split_linear import SplitLinear
 
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 
 PHASES = ("schedule", "prepare", "linear", "attention", "layer calls", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -234,16 +233,14 @@ def print_result(r: dict) -> None:
         print(f"  {phase:>12} {1e3 * s / r['steps']:8.2f} ms/step {100 * s / total:5.1f}%")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_profile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
     p.add_argument("--attention-backend", choices=["torch", "cpu"], help="default: the server's (cpu where it compiles)")
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, help="stage 06's merged projections and fused ops")
     p.add_argument("--linear-splits", type=int, help="stage 06's split linears (default: the thread count)")
     p.add_argument("--quantization", choices=["int8"], help="stage 06's int8 weight-only linears (implies --fused)")
     p.add_argument("--one-call-layers", action=argparse.BooleanOptionalAction, default=True,
-                   help="stage 06's one C call per layer (cpu_layer.py)")
+                   help="stage 06's one C call per layer")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
@@ -251,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--torch-profiler", action="store_true", help="also print torch.profiler's top ops")
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--json", help="write the breakdowns here")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(dtype=getattr(torch, args.dtype))
@@ -260,15 +258,18 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for name in names:
         results.append(profile(loaded, args, name))
-        print_result(results[-1])
         if args.torch_profiler:
             print(torch_profile(loaded, args, name, args.top))
-    if args.json:
-        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                                          f"{torch.get_num_threads()} threads",
-                               **kernel_settings(args), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
-                               "max_num_batched_tokens": args.max_num_batched_tokens, "results": results})
+    return {**kernel_settings(args), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens, "results": results}
 
+
+def report(result: dict) -> None:
+    for r in result["results"]:
+        print_result(r)
+
+
+main = bench_cli(__doc__, add_args, run, report, module="course.final.bench.profile")
 
 if __name__ == "__main__":
     main()

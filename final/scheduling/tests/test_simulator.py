@@ -5,11 +5,11 @@ import random
 
 import pytest
 
-from course.final.cost_model import load
+from course.final.scheduling.cost_model import load
 from course.final.engine import Engine
-from course.final.replay import replay
-from course.final.scheduling import POLICIES, make_policy
-from course.final.simulator import TraceRequest, simulate
+from course.final.scheduling.replay import replay
+from course.final.scheduling.policies import POLICIES, make_policy
+from course.final.scheduling.simulator import TraceRequest, simulate
 from course.s01_decode_loop.testing import TINY_EOS, byte_tokenizer, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s06_kernels_graphs.engine import KernelEngineConfig

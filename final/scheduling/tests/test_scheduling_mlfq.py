@@ -3,9 +3,9 @@ order), never on time: service is counted with a cost model whose numbers the te
 import pytest
 import torch
 
-from course.final.cost_model import LinearCostModel
+from course.final.scheduling.cost_model import LinearCostModel
 from course.final.engine import Engine
-from course.final.scheduling import MLFQConfig, SkipJoinMLFQ, make_policy
+from course.final.scheduling.policies import MLFQConfig, SkipJoinMLFQ, make_policy
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, byte_tokenizer, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig

@@ -1,7 +1,7 @@
 """Serving benchmark: a client that loads a running server the way users do.
 
     python -m course.final serve &                       # the server under test
-    python -m course.final.bench_serving --request-rate 1 --num-requests 40 --json r1.json
+    python -m course.final.bench.serving --request-rate 1 --num-requests 40 --json r1.json
 
 Requests are ShareGPT prompts with their real answer lengths (stage 01's `sample_requests`, as
 vLLM's benchmark_serving samples them), sent to `/v1/chat/completions` (or `/v1/completions`)
@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.workloads import arrival_times
 
 
@@ -167,9 +165,7 @@ def write_guidellm_data(path: str, requests: list[tuple[str, int]], arrivals: li
             f.write(json.dumps({"prompt": prompt, "output_tokens_count": n, "relative_timestamp": at}) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_serving", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default="http://127.0.0.1:8000")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--model", help="the model field to send (default: none; the server has one model)")
@@ -180,23 +176,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-output-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", help="write the summary and every request's timings here")
     p.add_argument("--guidellm-data", metavar="PATH",
                    help="instead of running, write these requests and send times as guidellm replay data")
-    args = p.parse_args(argv)
+
+
+def run_client(args: argparse.Namespace) -> dict:
+    """The summary and every request's timings (or, with --guidellm-data, where the requests went)."""
     requests = sharegpt_requests(args.tokenizer, args.num_requests, args.seed, args.max_prompt_tokens,
                                  args.max_output_tokens)
     if args.guidellm_data:
         write_guidellm_data(args.guidellm_data, requests, arrival_times(len(requests), args.request_rate, args.seed))
-        return
+        return {"guidellm_data": args.guidellm_data, "num_requests": len(requests)}
     result = asyncio.run(run(args.base_url, requests, args.request_rate, args.endpoint, args.model,
                              args.max_concurrency, args.seed))
-    result["summary"] |= {"client_machine": f"{platform.machine()}, {os.cpu_count()} cores",
-                          "num_requests": args.num_requests, "max_output_tokens": args.max_output_tokens}
-    print_summary(result["summary"])
-    if args.json:
-        write_json(args.json, result)
+    result["summary"] |= {"num_requests": args.num_requests, "max_output_tokens": args.max_output_tokens}
+    return result
 
+
+def report(result: dict) -> None:
+    if "summary" in result:
+        print_summary(result["summary"])
+    else:
+        print(f"wrote {result['num_requests']} requests to {result['guidellm_data']}")
+
+
+main = bench_cli(__doc__, add_args, run_client, report, module="course.final.bench.serving")
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
-"""The fuzzer (course.final.fuzz) against a live tiny server: the table of hostile bodies and a
-bounded number of generated ones. `python -m course.final.fuzz --cases N` runs more."""
+"""The fuzzer (course.final.stress.fuzz) against a live tiny server: the table of hostile bodies and a
+bounded number of generated ones. `python -m course.final.stress.fuzz --cases N` runs more."""
 import httpx
 
-from course.final.fuzz import FuzzReport, check_case, run_fuzz
+from course.final.stress.fuzz import FuzzReport, check_case, run_fuzz
 from course.final.testing import live_server, tiny_engine
 
 

@@ -1,14 +1,14 @@
 """The server's engine, remote: stage 07's workers behind the OpenAI API (`serve --disaggregated`).
 
-`RemoteEngine` offers the part of AsyncEngine's interface that server.py and shutdown.py use
-(`submit` -> a stream of (choice index, TokenEvent), `check_room`, `accepting`, `drain`,
-`shutdown`, `metrics`, and `engine`: the fixed sizes a server reads), implemented by stage 07's
-Dispatcher: each choice is one `Dispatcher.stream` (prefill worker chosen by the routing policy,
-then a decode worker; or one unified replica), read on its own thread, its token lines handed to
-the event loop as they come. The workers' exactly-once failover (replay) comes with it.
+`RemoteEngine` is an EngineClient (engine_client.py), as the local AsyncEngine is, implemented by
+stage 07's Dispatcher: each choice is one `Dispatcher.stream` (prefill worker chosen by the
+routing policy, then a decode worker; or one unified replica), read on its own thread, its token
+lines handed to the event loop as they come. The workers' exactly-once failover (replay) comes
+with it.
 
 Admission is decided at once, as in AsyncEngine: the context and the workers' pool size (the
-same `check_fits` a local engine runs), and a bound on the choices in flight (429 beyond it).
+same `check_fits` a local engine runs), and EngineClient's queue bound, which here counts the
+choices in flight (429 beyond it).
 What the workers cannot do is refused by name (400), never ignored: logprobs (the first token
 is sampled on the prefill worker and comes without them, and the workers send no alternatives),
 response_format (a grammar's token mask would have to run inside the workers' engines) and
@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, fields
-from types import SimpleNamespace
 
 import httpx
 
@@ -41,39 +40,24 @@ from course.s04_continuous_batching.engine import QueueFullError
 from course.s07_disaggregated.dispatcher import Dispatcher
 from course.s07_disaggregated.router import NoAliveWorkerError
 
-from .async_engine import EventStream, RequestFailedError, ShuttingDownError
-from .metrics import ServerMetrics
+from ..engine_client import (EngineClient, EngineLimits, EventStream, GenerationRequest, RequestFailedError,
+                             ShuttingDownError)
+from ..metrics import ServerMetrics
 
 
-class RemoteModel:
-    """What a server reads of a local engine (`engine.engine`), for workers in other processes:
-    the context length, the pool's sizes, the model's config and EOS ids, and no scheduling policy."""
+class WorkerSizes:
+    """What a request must fit on a worker: the context and the KV pool (sizes only)."""
 
-    def __init__(self, config, tokenizer, eos_token_ids: list[int], num_blocks: int, block_size: int,
-                 max_model_len: int | None = None):
-        self.model = SimpleNamespace(config=config)
-        self.tokenizer, self.eos_token_ids = tokenizer, list(eos_token_ids)
-        self.max_model_len = max_model_len or config.max_position_embeddings  # as the workers' engines
-        self.blocks = BlockManager(num_blocks, block_size)  # sizes only: check_fits reads them
-        self.scheduler = SimpleNamespace(policy=None)  # the workers run first come, first served
+    def __init__(self, tokenizer, eos_token_ids: list[int], max_model_len: int, num_blocks: int, block_size: int):
+        self.tokenizer, self.eos_token_ids, self.max_model_len = tokenizer, list(eos_token_ids), max_model_len
+        self.blocks = BlockManager(num_blocks, block_size)  # check_fits reads its sizes
 
-    def make_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """As LLMEngine.make_sequence: ValueError / CacheCapacityError for a request that could
         never run on a worker (empty, longer than the context or than a worker's whole pool)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        seq = Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids)
-        check_fits(seq, self.max_model_len, self.blocks)
-        return seq
-
-
-def refusal(params: SamplingParams) -> str | None:
-    """Why the remote path cannot run these sampling parameters, or None."""
-    if params.logprobs is not None:
-        return "logprobs are not supported by the disaggregated server (--disaggregated)"
-    if params.logits_processors:
-        return "response_format is not supported by the disaggregated server (--disaggregated)"
-    return None
+        check_fits(Sequence(prompt_ids, params, self.tokenizer, self.eos_token_ids), self.max_model_len, self.blocks)
 
 
 def sampling_dict(params: SamplingParams) -> dict:
@@ -100,19 +84,13 @@ class RemoteStream(EventStream):
     """An EventStream of the remote path: closing it cancels every choice still on the workers
     (the dispatcher frees their blocks there)."""
 
-    def __init__(self, engine: "RemoteEngine", call: _Call):
+    def __init__(self, call: _Call):
         super().__init__(call.events, call.n)
-        self._engine, self._call = engine, call
+        self._call = call
 
     def _cancel(self) -> None:
         for cancel in self._call.cancels:
             cancel.set()
-
-    async def aclose(self) -> None:
-        self.close()
-
-    def __del__(self):
-        self.close()
 
 
 def worker_error(e: Exception) -> Exception:
@@ -132,62 +110,44 @@ def worker_error(e: Exception) -> Exception:
     return RequestFailedError(f"the workers failed this request: {type(e).__name__}: {e}")
 
 
-class RemoteEngine:
-    def __init__(self, dispatcher: Dispatcher, model: RemoteModel, metrics: ServerMetrics | None = None,
-                 max_in_flight: int = 256):
-        self.dispatcher, self.engine = dispatcher, model
-        self.metrics = metrics or ServerMetrics("model")
-        self.max_waiting = max_in_flight  # choices in flight at once (each holds a thread and a connection)
-        self.accepting = True
-        self._in_flight = 0
+class RemoteEngine(EngineClient):
+    counted = "requests in flight"  # each choice in flight holds a thread and a connection
+
+    def __init__(self, dispatcher: Dispatcher, limits: EngineLimits, sizes: WorkerSizes,
+                 metrics: ServerMetrics | None = None, max_in_flight: int = 256):
+        super().__init__(limits, max_in_flight, metrics)
+        self.dispatcher, self.sizes = dispatcher, sizes
         self._calls: set[_Call] = set()
         self._lock = threading.Lock()
 
-    def start(self) -> "RemoteEngine":
-        return self
-
-    def refuse(self, body) -> str | None:
-        """A request option the workers cannot honour, named (server.py answers 400), or None."""
-        if getattr(body, "priority", 0):
-            return (f"priority={body.priority} is not supported by the disaggregated server (--disaggregated): "
+    def refuse(self, request: GenerationRequest) -> str | None:
+        """An option the workers cannot honour, named, or None."""
+        if request.priority:
+            return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
-        if getattr(body, "response_format", None) is not None and body.response_format.type != "text":
+        if request.grammars or any(p.logits_processors for p in request.params):
             return "response_format is not supported by the disaggregated server (--disaggregated)"
-        if body.num_logprobs() is not None:
+        if any(p.logprobs is not None for p in request.params):
             return "logprobs are not supported by the disaggregated server (--disaggregated)"
         return None
 
-    def check_room(self, n: int) -> None:
-        if not self.accepting:
-            raise ShuttingDownError("the server is shutting down and accepts no new requests")
-        if n > self.max_waiting:
-            raise ValueError(f"n={n} choices can never be admitted: this server runs at most "
-                             f"{self.max_waiting} at once")
-        if self._in_flight + n > self.max_waiting:
-            raise QueueFullError(f"the server is full ({self.max_waiting} choices in flight); retry later")
-
-    def submit(self, prompt_ids: list[int], params: list[SamplingParams], speculative: bool = True,
-               priority: int = 0) -> RemoteStream:
-        """As AsyncEngine.submit: all n choices or none, refusals raised at once. `speculative`
-        is accepted either way: the workers never speculate, so there is nothing to switch off."""
-        if priority:
-            raise ValueError(f"priority={priority} is not supported by the disaggregated server (--disaggregated)")
-        for p in params:
-            if (why := refusal(p)) is not None:
-                raise ValueError(why)
-            self.engine.make_sequence(prompt_ids, p)
-        with self._lock:
-            self.check_room(len(params))
-            self._in_flight += len(params)
-        call = _Call(asyncio.get_running_loop(), asyncio.Queue(), len(params))
-        call.cancels = [threading.Event() for _ in params]
+    def submit(self, request: GenerationRequest) -> RemoteStream:
+        """All n choices or none, refusals raised at once. `request.speculative` is accepted
+        either way: the workers never speculate, so there is nothing to switch off."""
+        if (why := self.refuse(request)) is not None:
+            raise ValueError(why)
+        for p in request.params:
+            self.sizes.check(request.prompt_ids, p)
+        self._admit(request.n)
+        call = _Call(asyncio.get_running_loop(), asyncio.Queue(), request.n)
+        call.cancels = [threading.Event() for _ in request.params]
         with self._lock:
             self._calls.add(call)
-        for index, p in enumerate(params):
-            threading.Thread(target=self._pump, args=(call, index, list(prompt_ids), p), daemon=True,
+        for index, p in enumerate(request.params):
+            threading.Thread(target=self._pump, args=(call, index, list(request.prompt_ids), p), daemon=True,
                              name="remote-choice").start()
-        self.metrics.running.set(self._in_flight)
-        return RemoteStream(self, call)
+        self.metrics.running.set(self._waiting)
+        return RemoteStream(call)
 
     def _pump(self, call: _Call, index: int, prompt_ids: list[int], params: SamplingParams) -> None:
         """One choice: the dispatcher's token lines, as TokenEvents, to the event loop."""
@@ -216,26 +176,26 @@ class RemoteEngine:
         m.prompt_tokens.inc(prompt_tokens)
         m.generation_tokens.inc(tokens)
         m.e2e.observe(time.monotonic() - start)
+        self._release(1)
         with self._lock:
-            self._in_flight -= 1
             call.done += 1
             if call.done == call.n:
                 self._calls.discard(call)
-            m.running.set(self._in_flight)
+        m.running.set(self._waiting)
 
     def drain(self, timeout: float, hurry: threading.Event | None = None) -> int:
         """As AsyncEngine.drain: admit nothing more, let the choices in flight finish for up to
         `timeout` seconds (or until `hurry`), then stop the rest. Returns how many were stopped."""
         self.accepting = False
         deadline, hurry = time.monotonic() + timeout, hurry or threading.Event()
-        while time.monotonic() < deadline and not hurry.is_set() and self._in_flight:
+        while time.monotonic() < deadline and not hurry.is_set() and self._waiting:
             hurry.wait(0.05)
         return self._stop_all(ShuttingDownError("the server is shutting down: this request was stopped "
                                                 "before it finished"))
 
     def _stop_all(self, error: Exception) -> int:
         with self._lock:
-            calls, stopped = list(self._calls), self._in_flight
+            calls, stopped = list(self._calls), self._waiting
         for call in calls:
             call.put(error)
             call.stopped = True
@@ -249,7 +209,7 @@ class RemoteEngine:
         self.accepting = False
         self._stop_all(ShuttingDownError("the server is shutting down; this request was stopped"))
         deadline = time.monotonic() + timeout_s
-        while self._in_flight and time.monotonic() < deadline:
+        while self._waiting and time.monotonic() < deadline:
             time.sleep(0.05)
 
 
@@ -289,9 +249,9 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
     from course.s07_disaggregated.cli import resolve_model_dir
     from course.s07_disaggregated.launcher import Topology
 
-    from .cli import num_kv_blocks, parse_size
-    from .server import ServerLimits, build_app
-    from .shutdown import serve_until_stopped
+    from ..cli import num_kv_blocks, parse_size
+    from ..server import ServerLimits, build_app
+    from ..shutdown import serve_until_stopped
 
     try:
         max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
@@ -325,7 +285,9 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
                                     policy=args.routing_policy or "cache_aware", block_size=args.block_size,
                                     router_options={"max_tree_tokens": blocks * args.block_size})
             name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
-            engine = RemoteEngine(dispatcher, RemoteModel(config, tokenizer, eos, blocks, args.block_size),
+            max_len = config.max_position_embeddings  # as the workers' engines
+            engine = RemoteEngine(dispatcher, EngineLimits(max_len, config.vocab_size, tuple(eos)),
+                                  WorkerSizes(tokenizer, eos, max_len, blocks, args.block_size),
                                   ServerMetrics(name), max_in_flight=args.max_waiting)
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
             app = build_app(engine, tokenizer, name, limits)

@@ -1,13 +1,13 @@
 """Lower precision on the CPU: speed and quality against float32, side by side in one run.
 
-    python -m course.final.bench_precision [--json out.json]
+    python -m course.final.bench.precision [--results | --json out.json]
 
 Variants (the engine as the server runs it on the CPU: kernel_defaults.py for each dtype):
   float32         the default
   bfloat16        the whole model in bf16 (`serve --dtype bfloat16`)
   int8 weights    int8 weight-only linears, float32 elsewhere (`serve --quantization int8`)
 
-Speed: bench_profile's two workloads in process (single stream: 128 tokens; saturated: 40
+Speed: bench/profile.py's two workloads in process (single stream: 128 tokens; saturated: 40
 ShareGPT requests at once), output tok/s. Quality against float32 (stage 06's precision.py):
 teacher-forced top-1 agreement on float32's greedy answers to 8 held-out ShareGPT prompts
 (64 tokens each), and perplexity of 8 held-out ShareGPT answers (up to 256 tokens each).
@@ -15,21 +15,19 @@ teacher-forced top-1 agreement on float32's greedy answers to 8 held-out ShareGP
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 from types import SimpleNamespace
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import load_conversations, sample_requests
 
-from .bench_profile import profile
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from .profile import profile
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 
 VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8 weights": ("float32", "int8")}
 
@@ -58,15 +56,14 @@ def config_for(dtype: str, quantization):
     return KernelEngineConfig(num_blocks=64, **kernel_defaults("cpu", getattr(torch, dtype), quantization=quantization))
 
 
-def main(argv: list[str] | None = None) -> None:
-    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
-
-    p = argparse.ArgumentParser(prog="python -m course.final.bench_precision", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--skip-speed", action="store_true")
-    p.add_argument("--json")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
+
     fp32 = load_model()
     prompts, texts = quality_data(fp32.tokenizer)
     ref_engine = Engine(fp32.model, fp32.tokenizer, config_for("float32", None), fp32.eos_token_ids,
@@ -85,19 +82,23 @@ def main(argv: list[str] | None = None) -> None:
         if not args.skip_speed:
             settings = SimpleNamespace(kv_blocks=512, max_num_seqs=32, max_num_batched_tokens=256, dtype=dtype,
                                        attention_backend=None, fused=None, linear_splits=None,
-                                       quantization=quantization, one_call_layers=True)  # bench_profile's defaults
+                                       quantization=quantization, one_call_layers=True)  # profile.py's defaults
             for workload in ("single", "saturated"):
                 r = profile(loaded, settings, workload)
                 row[f"{workload}_output_tok_s"] = r["output_tok_s"]
                 row[f"{workload}_ms_per_step"] = r["ms_per_step"]
         rows.append(row)
-        print(f"{name:<14} top-1 agreement {row['top1_agreement']:.3f}  perplexity {row['perplexity']:.3f}"
-              + ("" if args.skip_speed else f"  single {row['single_output_tok_s']:.1f} tok/s  "
-                                             f"saturated {row['saturated_output_tok_s']:.1f} tok/s"), flush=True)
-    if args.json:
-        write_json(args.json, {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-                                          f"{torch.get_num_threads()} threads", "rows": rows})
+    return {"rows": rows}
 
+
+def report(result: dict) -> None:
+    for row in result["rows"]:
+        speed = (f"  single {row['single_output_tok_s']:.1f} tok/s  saturated {row['saturated_output_tok_s']:.1f} tok/s"
+                 if "single_output_tok_s" in row else "")
+        print(f"{row['variant']:<14} top-1 agreement {row['top1_agreement']:.3f}  perplexity {row['perplexity']:.3f}{speed}")
+
+
+main = bench_cli(__doc__, add_args, run, report, module="course.final.bench.precision")
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,7 @@
 The scheduler's choices are all about time (who waits, for how long), but a policy must not
 read the wall clock: its decisions would change from run to run and no test could pin them. So
 MLFQ measures service, and the simulator measures time, with a *cost model*: a formula fitted
-to this engine's measured steps (`python -m course.final.cost_model --out FILE`), or derived
+to this engine's measured steps (`python -m course.final.scheduling.cost_model --out FILE`), or derived
 from a GPU's published figures (`gpu_like()`, stated as such everywhere it is used).
 
 A step is described by three numbers: the tokens it runs (every prefill-chunk and decode row),
@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = Path(__file__).parent.parent / "results"
 MEASURED_CPU = RESULTS / "cost_model_2core_cpu.json"
 GPU_LIKE = RESULTS / "cost_model_gpu_like_a100_7b.json"
 
@@ -90,7 +90,7 @@ def load(path: str | Path = MEASURED_CPU) -> CostModel:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.final.cost_model", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.scheduling.cost_model", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(MEASURED_CPU), help="where the fitted model goes (JSON)")
     p.add_argument("--model", help="HF folder, .gguf file or hub id (default: SmolLM2-135M-Instruct)")

@@ -10,17 +10,17 @@ The fit minimises relative error, since the points span 30 ms to half a second.
 from __future__ import annotations
 
 import random
-import time
 
 import numpy as np
 
+from course.s01_decode_loop.measure import timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import LinearCostModel
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 
 PREFILLS = (8, 32, 64, 128, 256, 512)
 DECODES = [(s, L) for L in (64, 512) for s in (1, 2, 4, 8, 16, 32)] + [(4, 1536), (8, 1536)]
@@ -43,9 +43,7 @@ def sweep(engine: Engine, vocab: int, rng: random.Random) -> list[dict]:
         return [rng.randrange(vocab) for _ in range(n)]
 
     def timed_step() -> dict:
-        start = time.perf_counter()
-        engine.step()
-        seconds = time.perf_counter() - start
+        seconds = timed(engine.step)
         chunks = engine.step_log[-1]["chunks"]
         return {"tokens": sum(n for _, n, _ in chunks), "seqs": len(chunks),
                 "kv_tokens": sum(start + n for _, n, start in chunks), "seconds": seconds}

@@ -1,11 +1,11 @@
-"""The soak test (python -m course.final.soak): a short soak passes on the tiny model, and the
+"""The soak test (python -m course.final.stress.soak): a short soak passes on the tiny model, and the
 soak is not vacuous: it reports a server that drops a token, a lost answer and a mismatch."""
 import itertools
 
 import pytest
 import torch
 
-from course.final.soak import Answer, Job, check_complete, compare, own_server, plan, run_soak
+from course.final.stress.soak import Answer, Job, check_complete, compare, own_server, plan, run_soak
 from course.final.testing import live_server, tiny_engine
 
 

@@ -1,6 +1,6 @@
 """Speculation inside the batch, on and off, side by side in one run.
 
-    python -m course.final.bench_engine [--requests 8] [--max-output 64] [--concurrency 1 8]
+    python -m course.final.bench.engine [--requests 8] [--max-output 64] [--concurrency 1 8]
                                         [--sections speculation features json rates] [--json out.json]
                                         [--rates 0.5 1 inf] [--plot rates.png]
 
@@ -29,16 +29,16 @@ import time
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-from .bench_load import plot_rates, run_rates
-from .engine import Engine, SpeculativeConfig
-from .kernel_defaults import kernel_defaults
+from .load import plot_rates, run_rates
+from ..engine import Engine, SpeculativeConfig
+from ..kernel_defaults import kernel_defaults
 
 REWRITE = [
     "Fix the spelling in this text and repeat it: 'The quick brown fox jumpd over the lazy dog. It was a sunny day "
@@ -95,12 +95,18 @@ def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = 
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec, prefetch_masks=prefetch_masks)
 
 
-def serve(engine, prompts, max_output: int, processors=None) -> dict:
-    """Offline: every prompt at once. processors(): fresh logits processors for one request."""
-    params = [SamplingParams(max_new_tokens=max_output, temperature=0.0,
-                             logits_processors=processors() if processors else []) for _ in prompts]
+def serve(engine, prompts, max_output: int, grammar=None) -> dict:
+    """Offline: every prompt at once. grammar(): a fresh grammar for one request, which rides on
+    the request (final's Engine reads it to cut drafts and fill masks during the forward)."""
+    params = SamplingParams(max_new_tokens=max_output, temperature=0.0)
     start = time.perf_counter()
-    outputs = engine.generate(prompts, params)
+    if grammar is None:
+        outputs = engine.generate(prompts, params)
+    else:
+        ids = [engine.add_request(p, params, grammar=grammar()) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        outputs = [engine.requests[i].seq.output() for i in ids]
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outputs)
     s = getattr(engine, "spec_stats", None)
@@ -125,17 +131,18 @@ def table(rows: list[dict], label: str, systems: dict, run, unchecked: tuple[str
               f"  accepted {row['acceptance_rate']:.0%}  {row['mean_accepted_length']:.2f} tok/forward")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=8)
     p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     p.add_argument("--sections", nargs="+", choices=["speculation", "features", "json", "rates"],
                    default=["speculation", "features", "json", "rates"])
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0, float("inf")])
-    p.add_argument("--json")
     p.add_argument("--plot", help="PNG for the rates section (throughput vs rate, TTFT/TPOT CDFs)")
-    args = p.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Every section asked for; each row is printed as it is measured."""
     loaded = load_model()
     tok = loaded.tokenizer
     chat = [r.prompt for r in sample_requests(tok, args.requests, seed=0, max_prompt_tokens=256)]
@@ -162,8 +169,11 @@ def main(argv=None):
         rows += load_rows
         if args.plot:
             plot_rates(load_rows, args.plot)
-    if args.json:
-        write_json(args.json, rows)
+    return {"rows": rows}
+
+
+def report(result: dict) -> None:
+    print(f"{len(result['rows'])} rows (printed above as they were measured)")
 
 
 def json_section(rows: list[dict], loaded, concurrency: int, n: int) -> None:
@@ -177,12 +187,12 @@ def json_section(rows: list[dict], loaded, concurrency: int, n: int) -> None:
     info = TokenizerInfo.from_huggingface(tok, loaded.model.config.vocab_size, loaded.eos_token_ids)
     compiled = compile_grammar(json_schema_to_grammar(JSON_SCHEMA), info)
     prompts = [encode_prompt(tok, t, chat=True) for t in (JSON_PROMPTS * n)[:n]]
-    def processors():
-        return [GrammarLogitsProcessor(compiled)]
+    def grammar():
+        return GrammarLogitsProcessor(compiled)
     def run(settings):
         settings = dict(settings)
         free = settings.pop("free_text", False)
-        r = serve(make_engine(loaded, concurrency, 256, **settings), prompts, 128, None if free else processors)
+        r = serve(make_engine(loaded, concurrency, 256, **settings), prompts, 128, None if free else grammar)
         r["valid_json"] = sum(_parses(t) for t in r["texts"]) / len(prompts)
         print(f"  {r['valid_json']:.0%} of outputs parse as JSON")
         return r
@@ -199,6 +209,8 @@ def _parses(text: str) -> bool:
     except ValueError:
         return False
 
+
+main = bench_cli(__doc__, add_args, run, report, module="course.final.bench.engine")
 
 if __name__ == "__main__":
     main()

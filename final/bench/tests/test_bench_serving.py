@@ -6,8 +6,8 @@ import random
 import numpy as np
 import pytest
 
-from course.final.bench_serving import percentile, run
-from course.final.plot_serving import load_summaries, plot
+from course.final.bench.serving import percentile, run
+from course.final.bench.plot_serving import load_summaries, plot
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])
@@ -54,7 +54,7 @@ def test_plot_serving_writes_a_png(server, tmp_path):
 
 
 def test_guidellm_data_replays_our_requests_and_times(tmp_path):
-    from course.final.bench_serving import write_guidellm_data
+    from course.final.bench.serving import write_guidellm_data
     from course.s01_decode_loop.workloads import arrival_times
 
     requests, times = [("a", 3), ("b c", 5)], arrival_times(2, 1.0, 0)

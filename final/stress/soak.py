@@ -1,8 +1,8 @@
 """Soak test: many mixed requests at once against the OpenAI-compatible server, then checks.
 
-    python -m course.final.soak                                # its own tiny server, a KV pool that preempts
-    python -m course.final.soak --model default --requests 60  # its own server on SmolLM2
-    python -m course.final.soak --url http://127.0.0.1:8000    # a server already running
+    python -m course.final.stress.soak                                # its own tiny server, a KV pool that preempts
+    python -m course.final.stress.soak --model default --requests 60  # its own server on SmolLM2
+    python -m course.final.stress.soak --url http://127.0.0.1:8000    # a server already running
 
 The workload is drawn from `--seed`, so a run sends the same requests every time: both routes,
 streamed and not, greedy and seeded sampling, `n` of 1..3, stop strings, varied `max_tokens`,
@@ -34,16 +34,16 @@ from dataclasses import asdict, dataclass, field
 import httpx
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.measure import write_json
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-from .async_engine import AsyncEngine
-from .engine import Engine
-from .metrics import ServerMetrics
+from ..async_engine import AsyncEngine
+from ..engine import Engine
+from ..metrics import ServerMetrics
 from .soak_client import Answer, Job, check_complete, compare, plan, send
-from .testing import CHAT_TEMPLATE, live_server, metric
+from ..testing import CHAT_TEMPLATE, live_server, metric
 
 # ---- the run ------------------------------------------------------------------------------
 @dataclass
@@ -238,7 +238,7 @@ def print_report(r: SoakReport) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.final.soak", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.stress.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", help="a running server (default: start one in this process)")
     p.add_argument("--model", help='own server: a model folder, .gguf or "default" (default: the tiny random model)')

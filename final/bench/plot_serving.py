@@ -1,8 +1,8 @@
 """Plot serving-benchmark results: latency and throughput against the request rate.
 
-    python -m course.final.plot_serving r0.5.json r1.json r2.json --out serving.png
+    python -m course.final.bench.plot_serving r0.5.json r1.json r2.json --out serving.png
 
-Each JSON is one `bench_serving --json` run; the runs are sorted by their request rate.
+Each JSON is one `python -m course.final.bench.serving --json` run; the runs are sorted by their request rate.
 """
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def plot(summaries: list[dict], out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m course.final.plot_serving", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.final.bench.plot_serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", nargs="+", help="bench_serving --json files")
+    p.add_argument("results", nargs="+", help="bench.serving --json files")
     p.add_argument("--out", default="serving.png")
     args = p.parse_args(argv)
     plot(load_summaries(args.results), args.out)

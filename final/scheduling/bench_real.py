@@ -12,11 +12,11 @@ from course.s04_continuous_batching.engine import EngineConfig
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import MEASURED_CPU, load
-from .engine import Engine
-from .kernel_defaults import kernel_defaults
+from ..engine import Engine
+from ..kernel_defaults import kernel_defaults
 from .replay import replay
-from .scheduling import POLICIES, make_policy
-from .scheduling_metrics import percentile, summarize
+from .policies import POLICIES, make_policy
+from .metrics import percentile, summarize
 from .simulator import TraceRequest, simulate
 
 SIZES = dict(num_blocks=512, block_size=16, max_num_seqs=32, max_num_batched_tokens=256)  # the server's defaults
