@@ -26,7 +26,7 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s02_kv_cache.generate import stream_cached
 
-from .closing import restrict_to_closing
+from .serving.closing import restrict_to_closing
 from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask
 
 

@@ -14,7 +14,7 @@ rule, and a rule is copied only where it is used once, is small, or its copies s
 """
 from __future__ import annotations
 
-from .budget import CompileBudget
+from .serving.budget import CompileBudget
 from .grammar import Alt, Expr, Grammar, Ref, Repeat, Seq, refs_in
 from .nfa import nfa_states
 

@@ -25,13 +25,13 @@ def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str 
 
 
 def grammar_from_regex(pattern: str) -> Grammar:
-    from .regex_parser import regex_to_grammar
+    from .frontends.regex_parser import regex_to_grammar
 
     return regex_to_grammar(pattern)
 
 
 def grammar_from_ebnf_file(path: str | Path) -> Grammar:
-    from .ebnf import parse_ebnf
+    from .frontends.ebnf import parse_ebnf
 
     return parse_ebnf(_read(path, "grammar"))
 

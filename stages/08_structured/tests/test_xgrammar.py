@@ -11,10 +11,10 @@ import random
 import numpy as np
 import pytest
 
-from course.s08_structured.ebnf import parse_ebnf
+from course.s08_structured.frontends.ebnf import parse_ebnf
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
-from course.s08_structured.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
+from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
                                            xgrammar_comparable, xgrammar_compile, xgrammar_compiler,
                                            xgrammar_mask)
 
