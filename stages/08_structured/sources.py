@@ -10,8 +10,8 @@ from .grammar import Grammar, GrammarError
 def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict",
                              default_bounds=None) -> Grammar:
     """A schema file, or the schema itself as JSON text. `mode`: "strict" or "best-effort"
-    (json_schema_modes.py); what best-effort relaxed is in the grammar's `warnings`.
-    `default_bounds`: a DefaultBounds (json_schema_defaults.py), best-effort only."""
+    (json_schema/modes.py); what best-effort relaxed is in the grammar's `warnings`.
+    `default_bounds`: a DefaultBounds (json_schema/defaults.py), best-effort only."""
     from .json_schema import json_schema_to_grammar
 
     text = str(source)

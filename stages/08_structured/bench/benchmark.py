@@ -3,7 +3,7 @@ cached masks and xgrammar (PyPI, C++), side by side in one run.
 
     python -m course.s08_structured.bench.benchmark [--paths 4] [--max-tokens 48] [--naive-steps 3] [--results | --json out.json]
 
-For each grammar (JSON schemas, regexes, EBNF grammars; testing.EXAMPLE_*):
+For each grammar (JSON schemas, regexes, EBNF grammars; testing.py's EXAMPLE_*):
   compile    our compile_grammar (automaton + every position's context-independent mask) and
              xgrammar's GrammarCompiler, each from the grammar's source
   mask       time of one next-token mask, per step, along the same valid token paths for

@@ -6,19 +6,18 @@ from __future__ import annotations
 import json
 import re
 
-from ..serving.budget import LimitExceeded
+from ..frontends.regex_parser import parse_regex
 from ..grammar import EMPTY, CharClass, Expr, GrammarError, Ref, Seq, chars, lit, opt, repeat, star
-from .defaults import DefaultBounds
-from .keywords import (BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, same_json,
-                                   canonical_json)
+from ..serving.budget import LimitExceeded
 from .context import SchemaContext
+from .defaults import DefaultBounds
 from .flatten import Flat, Flattener, int_bounds
+from .keywords import BOUNDS, TYPES, SchemaError, UnsupportedSchemaError, canonical_json, same_json
 from .modes import STRICT
 from .numbers import as_decimal, number_range
-from .values import (DIGIT, NONZERO, FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, PLAIN, alt_or_never, class_minus,
-                                 ends_with_anchor, has_surrogate, in_class, json_safe, PendingRule, repeat_or_never,
-                                 safe_escape, seq_or_never, top_level_alternatives, digit_count, integer_range, matches)
-from ..frontends.regex_parser import parse_regex
+from .values import (DIGIT, FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, NONZERO, PLAIN, PendingRule, alt_or_never,
+                     class_minus, digit_count, ends_with_anchor, has_surrogate, in_class, integer_range, json_safe,
+                     matches, repeat_or_never, safe_escape, seq_or_never, top_level_alternatives)
 
 PLAIN_ASCII = CharClass.of([(lo, min(hi, 0x7F)) for lo, hi in PLAIN.ranges if lo < 0x80])
 PLAIN_NON_ASCII = CharClass.of([(max(lo, 0x80), hi) for lo, hi in PLAIN.ranges if hi >= 0x80])

@@ -97,7 +97,7 @@ Keyword table (SUPPORTED_FEATURES / UNSUPPORTED_FEATURES hold the same, for the 
     minItems, maxItems              repetition bounds
     uniqueItems                     false, or true when maxItems <= 1 (otherwise refused)
     minLength, maxLength            character repetition bounds
-    pattern                         regex_parser.py, with search semantics (unanchored = "...*")
+    pattern                         frontends/regex_parser.py, with search semantics (unanchored = "...*")
     minimum, maximum,               exact digit patterns: integer ranges; numbers without
     exclusiveMinimum/Maximum        an exponent (numbers.py)
     anyOf, allOf, $ref (local)      alternation, keyword merge, named rules (recursion ok)
@@ -197,7 +197,7 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mo
     "best-effort" relaxes it, and `grammar.warnings` lists each relaxation (SchemaWarning).
     `strict` is a different switch: how absent keywords are read (closed objects, formats).
 
-    `budget` (see budget.py) bounds the work for a schema from a stranger: the document is
+    `budget` (see serving/budget.py) bounds the work for a schema from a stranger: the document is
     measured first (max_depth, max_nodes, in one cheap walk), each keyword is checked where it
     is read (max_enum_values, max_properties, max_repeat, max_integer_digits, max_depth for
     $ref chains), and the deadline and cancel() are checked as it goes. Raises GrammarError

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote
 
 from .keywords import (ANNOTATIONS, BOUNDS, TYPES, VALUE_KEYWORDS, SchemaError, UnsupportedSchemaError,
-                                   json_type, same_json, canonical_json, check_schema, json_key)
+                       canonical_json, check_schema, json_key, json_type, same_json)
+from .values import NEEDS_ESCAPE, PendingRule, digit_count, matches
+
 if TYPE_CHECKING:
     from ..grammar import Expr
     from .context import SchemaContext
-from .values import NEEDS_ESCAPE, PendingRule, digit_count, matches
 
 MAX_ALTERNATIVES = 64  # anyOf x anyOf x ... beyond this is refused rather than built
 MAX_DEPENDENCY_ALTERNATIVES = 16  # dependentRequired etc.: each doubles; past this, relaxed
@@ -248,7 +249,7 @@ class Flattener:
 
     def within_budget(self, schema: dict, path: str) -> None:
         """The size limits of one schema object's keywords, checked where they are read, before
-        any grammar is built from them (see budget.py)."""
+        any grammar is built from them (see serving/budget.py)."""
         at_most = self.ctx.budget.at_most
         if "enum" in schema:
             at_most("max_enum_values", len(schema["enum"]), f"the enum at {path} has {len(schema['enum'])} values")

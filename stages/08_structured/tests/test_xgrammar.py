@@ -4,7 +4,7 @@ regexes (each side's own regex parser) and EBNF grammars (the same text).
 
 xgrammar leaves SmolLM2's special tokens (<|im_start|>, ...) to its ordinary-text rules; we
 never allow them, so those ids are compared separately. xgrammar's length-bounded strings and dates
-differ from JSON's (testing.xgrammar_comparable), so schemas are compared without them."""
+differ from JSON's (bench/testing.py: xgrammar_comparable), so schemas are compared without them."""
 import json
 import random
 
@@ -32,7 +32,7 @@ def ours(kind, name):
 
 def source(kind, name):
     if kind == "json_schema":
-        return xgrammar_comparable(EXAMPLE_SCHEMAS[name])   # see testing.xgrammar_comparable
+        return xgrammar_comparable(EXAMPLE_SCHEMAS[name])   # see bench/testing.py
     return {"regex": EXAMPLE_REGEXES, "ebnf": EXAMPLE_EBNF}[kind][name]
 
 

@@ -1,4 +1,4 @@
-"""json_schema.py: the grammar accepts a value's canonical spelling exactly when the schema does.
+"""The JSON Schema front end: the grammar accepts a value's canonical spelling exactly when the schema does.
 
 The oracle is `jsonschema` (Draft 2020-12, formats checked in strict mode). For each schema in
 SCHEMAS, a seeded generator makes values *near* it (right shapes with wrong details, wrong

@@ -1,4 +1,4 @@
-"""Strict and best-effort mode (json_schema_modes.py), and unknown keywords.
+"""Strict and best-effort mode (json_schema/modes.py), and unknown keywords.
 
 For every keyword we cannot enforce: strict mode refuses the schema naming the keyword and
 where it is; best-effort mode compiles it, reports exactly that relaxation, accepts every value

@@ -1,8 +1,8 @@
 """Number bounds, the formats email/hostname/ipv6/uri, dependencies,
 if/then/else and not compile to exactly the valid values. Two oracles, as in test_json_schema.py:
 
-* strings *drawn from our grammar* (testing.sample_strings) parse and validate with jsonschema
-  (formats checked; hostname, ipv6 and uri by testing.format_checker's own checkers, which
+* strings *drawn from our grammar* (bench/testing.py's sample_strings) parse and validate with jsonschema
+  (formats checked; hostname, ipv6 and uri by bench/testing.py format_checker's own checkers, which
   jsonschema leaves to optional packages);
 * for values near each schema, the grammar accepts the canonical spelling exactly when
   jsonschema says the value is valid.
@@ -225,7 +225,7 @@ def mutations(text: str, rng: random.Random) -> list[str]:
 @pytest.mark.parametrize("fmt", ["email", "hostname", "ipv6", "uri"])
 def test_formats_accept_the_same_strings_as_xgrammar(fmt):
     """Same language as xgrammar's own format grammars, on strings drawn from either side and
-    near misses, except where xgrammar writes invalid output (see json_schema_values.py)."""
+    near misses, except where xgrammar writes invalid output (see json_schema/values.py)."""
     theirs = xgrammar_pair(fmt)
     ours = json_schema_to_grammar({"type": "string", "format": fmt}, mode="best-effort")
     rng = random.Random(fmt)
