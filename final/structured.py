@@ -29,7 +29,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from course.s08_structured.budget import CompileBudget, CompileCancelled
+from course.s08_structured.serving.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, DefaultBounds, json_schema_to_grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .budget import CompileBudget, LimitExceeded
+from .serving.budget import CompileBudget, LimitExceeded
 from .grammar import Grammar, GrammarError
 from .inlining import inline_rules
 from .minimize import minimize

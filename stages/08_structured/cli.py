@@ -12,8 +12,8 @@ from course.s01_decode_loop.cli import main as stage_main
 
 from .generate import ConstrainedGenerator
 from .grammar import Grammar, GrammarError
-from .json_schema_defaults import DefaultBounds
-from .json_schema_modes import BEST_EFFORT, MODES
+from .json_schema.defaults import DefaultBounds
+from .json_schema.modes import BEST_EFFORT, MODES
 from .matcher import compile_grammar
 from .sources import grammar_from_ebnf_file, grammar_from_json_schema, grammar_from_regex
 from .vocab import TokenizerInfo

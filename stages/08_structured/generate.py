@@ -26,7 +26,7 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s02_kv_cache.generate import stream_cached
 
-from .closing import restrict_to_closing
+from .serving.closing import restrict_to_closing
 from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask
 
 
@@ -42,7 +42,7 @@ class GrammarLogitsProcessor:
     during the forward); the call that follows then finds the mask ready. The engine waits
     for `prepare` to return before it calls the processor: the two never overlap.
 
-    `close_on_budget` (closing.py): with `max_new_tokens` known, once the tokens left are about
+    `close_on_budget` (serving/closing.py): with `max_new_tokens` known, once the tokens left are about
     what the shortest way to close the output needs (+ `margin`), only tokens after which it can
     still close in time are allowed, so the answer ends with the stop token instead of being cut
     at max_new_tokens. The loop's finish_reason stays truthful: "stop" when the stop token was
@@ -135,5 +135,5 @@ class ConstrainedGenerator:
         return {"grammar_compile_s": round(self.compiled.compile_seconds, 4), "mask_steps": len(ms),
                 "mask_ms_median": float(np.median(ms)) if ms.size else None,
                 "mask_ms_p99": float(np.percentile(ms, 99)) if ms.size else None,
-                # what a best-effort JSON schema compile relaxed (json_schema_modes.py)
+                # what a best-effort JSON schema compile relaxed (json_schema/modes.py)
                 "warnings": [w.to_json() for w in self.compiled.grammar.warnings]}

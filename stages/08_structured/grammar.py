@@ -10,7 +10,7 @@ A grammar is a set of named rules; a rule's body is an expression built from fiv
 
 Characters are code points here; the automaton (automaton.py) turns them into UTF-8 byte
 sequences, so matching is on bytes and a token may end in the middle of a character.
-`Grammar.to_ebnf()` prints the grammar in the EBNF dialect that ebnf.py parses and xgrammar
+`Grammar.to_ebnf()` prints the grammar in the EBNF dialect that frontends/ebnf.py parses and xgrammar
 reads, which is how the tests hand the very same grammar to the outside reference.
 """
 from __future__ import annotations
@@ -162,10 +162,10 @@ class Grammar:
     rules: dict[str, Expr] = field(default_factory=dict)
     root: str = "root"
     # What the source had to loosen or ignore to build this grammar (a JSON schema compiled in
-    # best-effort mode, json_schema.py); empty when the grammar is exactly what was asked for.
+    # best-effort mode, json_schema/); empty when the grammar is exactly what was asked for.
     warnings: tuple = field(default=(), compare=False)
     # Rules never inlined into their callers (automaton.inline_rules): big pieces that many
-    # callers share, like the default-bounded string of json_schema_defaults.py.
+    # callers share, like the default-bounded string of json_schema/defaults.py.
     keep: frozenset = field(default=frozenset(), compare=False)
 
     def __post_init__(self):

@@ -14,7 +14,7 @@ rule, and a rule is copied only where it is used once, is small, or its copies s
 """
 from __future__ import annotations
 
-from .budget import CompileBudget
+from .serving.budget import CompileBudget
 from .grammar import Alt, Expr, Grammar, Ref, Repeat, Seq, refs_in
 from .nfa import nfa_states
 
@@ -83,7 +83,7 @@ def inline_rules(grammar: Grammar, budget: CompileBudget | None = None) -> Gramm
 
 def merge_twin_rules(grammar: Grammar, budget: CompileBudget | None = None) -> Grammar:
     """Rules whose bodies are equal once their callees' twins are merged become one rule (the
-    first of them): json_schema.py gives every use of a definition, every property, its own
+    first of them): the JSON Schema front end (json_schema/) gives every use of a definition, every property, its own
     rule, and many are spelled alike. Callees first, so twins of twins are found in one pass."""
     budget = budget or CompileBudget.unlimited()
     calls = {name: {r.name for r in refs_in(body)} for name, body in grammar.rules.items()}

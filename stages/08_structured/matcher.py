@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .automaton import Automaton, compile_automaton
-from .budget import CompileBudget, recursion_guard
+from .serving.budget import CompileBudget, recursion_guard
 from .grammar import Grammar
 from .mask_cache import PositionMask, VocabMatrix, classify_position
 from .pda import DEAD, END, PDA

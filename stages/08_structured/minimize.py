@@ -23,7 +23,7 @@ and the set of (callee block, return block) pairs.
 """
 from __future__ import annotations
 
-from .budget import CompileBudget
+from .serving.budget import CompileBudget
 
 
 def minimize(final: list[bool], edges: list[tuple], calls: list[tuple],

@@ -10,8 +10,8 @@ from .grammar import Grammar, GrammarError
 def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict",
                              default_bounds=None) -> Grammar:
     """A schema file, or the schema itself as JSON text. `mode`: "strict" or "best-effort"
-    (json_schema_modes.py); what best-effort relaxed is in the grammar's `warnings`.
-    `default_bounds`: a DefaultBounds (json_schema_defaults.py), best-effort only."""
+    (json_schema/modes.py); what best-effort relaxed is in the grammar's `warnings`.
+    `default_bounds`: a DefaultBounds (json_schema/defaults.py), best-effort only."""
     from .json_schema import json_schema_to_grammar
 
     text = str(source)
@@ -25,13 +25,13 @@ def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str 
 
 
 def grammar_from_regex(pattern: str) -> Grammar:
-    from .regex_parser import regex_to_grammar
+    from .frontends.regex_parser import regex_to_grammar
 
     return regex_to_grammar(pattern)
 
 
 def grammar_from_ebnf_file(path: str | Path) -> Grammar:
-    from .ebnf import parse_ebnf
+    from .frontends.ebnf import parse_ebnf
 
     return parse_ebnf(_read(path, "grammar"))
 

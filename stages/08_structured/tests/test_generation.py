@@ -16,7 +16,7 @@ from course.s08_structured.grammar import CharClass, Grammar, star
 from course.s08_structured.matcher import compile_grammar
 from course.s08_structured.pda import accepts
 from course.s08_structured.sources import grammar_from_ebnf_file, grammar_from_json_schema, grammar_from_regex
-from course.s08_structured.testing import EXAMPLE_REGEXES, EXAMPLE_SCHEMAS
+from course.s08_structured.bench.testing import EXAMPLE_REGEXES, EXAMPLE_SCHEMAS
 from course.s08_structured.vocab import TokenizerInfo
 
 PROMPTS = {"person": "Describe a fictional person as JSON.", "order": "Write an online shop order as JSON.",

@@ -11,8 +11,8 @@ from course.s08_structured.matcher import (GrammarMatcher, allocate_token_bitmas
                                            compile_grammar, pack_mask, unpack_bitmask)
 from course.s08_structured.naive import naive_token_mask
 from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
-from course.s08_structured.ebnf import parse_ebnf
-from course.s08_structured.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
+from course.s08_structured.frontends.ebnf import parse_ebnf
+from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
                                            synthetic_vocab)
 
 VOCAB = synthetic_vocab(seed=0, texts=("{}[]\":, -0123456789.ab_eé😀truefalsnul", "SELECT * FROM WHERE AND ()+-*/",

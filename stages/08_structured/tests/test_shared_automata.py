@@ -1,5 +1,5 @@
-"""Issue 20, real-world coverage: objects with many optional properties and big shared pieces
-no longer multiply automaton states (nfa.py builds a shared sub-expression once per target;
+"""Objects with many optional properties and big shared pieces do not multiply automaton
+states (nfa.py builds a shared sub-expression once per target;
 automaton.inline_rules copies a rule only where that stays cheap; extra-key tries share their
 way out). The language must not change: the same masks as the naive reference and xgrammar,
 the exact state count the budget trusts, and outputs that validate."""
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from course.s08_structured.automaton import _NFA, compile_automaton, inline_rules
-from course.s08_structured.budget import CompileBudget
+from course.s08_structured.serving.budget import CompileBudget
 from course.s08_structured.json_schema import json_schema_to_grammar
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.naive import naive_token_mask
 from course.s08_structured.nfa import nfa_states
 from course.s08_structured.pda import accepts
-from course.s08_structured.testing import (random_valid_path, sample_strings, synthetic_vocab, xgrammar_compile,
+from course.s08_structured.bench.testing import (random_valid_path, sample_strings, synthetic_vocab, xgrammar_compile,
                                            xgrammar_compiler, xgrammar_mask)
 
 VOCAB = synthetic_vocab(seed=3, texts=("{}[]\":, -0123456789.ab_eé😀truefalsnul",
@@ -52,8 +52,8 @@ def test_optional_properties_cost_states_linearly():
 
 
 def test_a_piece_used_in_many_places_stays_one_rule():
-    # A 100-item list of bounded strings used to paste the string's ~1,200 states into each of
-    # the 100 item slots (refused by max_states); now the item is one rule the slots call.
+    # A 100-item list of bounded strings: pasting the string's ~1,200 states into each of the
+    # 100 item slots would pass max_states; the item is one rule the slots call.
     schema = {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100}
     auto = compile_automaton(json_schema_to_grammar(schema), budget=CompileBudget())
     assert auto.num_positions < 2500
@@ -110,10 +110,10 @@ def test_extra_keys_still_avoid_the_declared_names():
     assert not accepts(grammar, '{"\\u0061lpha": "x"}')   # "alpha" in disguise
 
 
-# The changie-like shape at a size the default budget used to refuse (16,921 positions at 40
-# options: over max_states once the strings were counted), compared with xgrammar on SmolLM2.
+# The changie-like shape at 40 options (16,921 positions if every copy were built: over
+# max_states), compiled under the default budget and compared with xgrammar on SmolLM2.
 @pytest.mark.slow
-def test_a_schema_once_refused_compiles_and_its_masks_equal_xgrammar(smollm2_tokenizer, smollm2_info):
+def test_a_changie_shaped_schema_compiles_and_its_masks_equal_xgrammar(smollm2_tokenizer, smollm2_info):
     import xgrammar as xgr
 
     schema = config_schema(40)

@@ -4,17 +4,17 @@ regexes (each side's own regex parser) and EBNF grammars (the same text).
 
 xgrammar leaves SmolLM2's special tokens (<|im_start|>, ...) to its ordinary-text rules; we
 never allow them, so those ids are compared separately. xgrammar's length-bounded strings and dates
-differ from JSON's (testing.xgrammar_comparable), so schemas are compared without them."""
+differ from JSON's (bench/testing.py: xgrammar_comparable), so schemas are compared without them."""
 import json
 import random
 
 import numpy as np
 import pytest
 
-from course.s08_structured.ebnf import parse_ebnf
+from course.s08_structured.frontends.ebnf import parse_ebnf
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
-from course.s08_structured.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
+from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
                                            xgrammar_comparable, xgrammar_compile, xgrammar_compiler,
                                            xgrammar_mask)
 
@@ -32,7 +32,7 @@ def ours(kind, name):
 
 def source(kind, name):
     if kind == "json_schema":
-        return xgrammar_comparable(EXAMPLE_SCHEMAS[name])   # see testing.xgrammar_comparable
+        return xgrammar_comparable(EXAMPLE_SCHEMAS[name])   # see bench/testing.py
     return {"regex": EXAMPLE_REGEXES, "ebnf": EXAMPLE_EBNF}[kind][name]
 
 
