@@ -135,16 +135,17 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                               "completion). Please reduce the prompt or max_tokens.")
         rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        request = GenerationRequest(ids, body.sampling_params(max_tokens),  # ValueError for bad sampling values
-                                    priority=body.priority, speculative=body.speculative, request_id=rid)
         constrained = body.response_format is not None and body.response_format.type != "text"
+        request = GenerationRequest(ids, body.sampling_params(max_tokens),  # ValueError for bad sampling values
+                                    priority=body.priority, speculative=body.speculative, request_id=rid,
+                                    constrained=constrained)
         if constrained and body.ignore_eos:
             return error(400, "ignore_eos cannot be combined with response_format: once the JSON is complete "
                               "only the end of the output may follow")
+        if why := engine.refuse(request):  # an option this engine cannot honour: named, never ignored,
+            return error(400, why)         # and before any schema is compiled for it
         # 400s past its limits; max_tokens: the JSON is closed before it runs out
         request.grammars = await grammars.processors(body.response_format, request.n, max_tokens)
-        if why := engine.refuse(request):  # an option this engine cannot honour: named, never ignored
-            return error(400, why)
         headers = warning_headers(request.grammars)  # what a best-effort schema compile did not enforce
         stream = engine.submit(request)  # admission: raises at once
         shape = Shape(kind, request.request_id, int(time.time()), model_name, len(ids), tokenizer)

@@ -125,7 +125,7 @@ class RemoteEngine(EngineClient):
         if request.priority:
             return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
-        if request.grammars or any(p.logits_processors for p in request.params):
+        if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
             return "response_format is not supported by the disaggregated server (--disaggregated)"
         if any(p.logprobs is not None for p in request.params):
             return "logprobs are not supported by the disaggregated server (--disaggregated)"

@@ -133,3 +133,26 @@ def test_best_effort_answers_finish_within_max_tokens(server, stream):
         content, finish = choice["message"]["content"], [choice["finish_reason"]]
     assert finish == ["stop"]
     jsonschema.validate(json.loads(content), UNBOUNDED)
+
+
+def test_an_engine_that_refuses_grammars_is_asked_before_any_schema_compiles(byte_tok, monkeypatch):
+    """A refusal costs no compile: the request says it is constrained before its grammar exists."""
+    from course.final.structured import GrammarCache
+
+    compiled = []
+    original = GrammarCache.processors
+
+    async def counting(self, *args, **kwargs):
+        compiled.append(args)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GrammarCache, "processors", counting)
+    engine = tiny_engine(byte_tok)
+    engine.refuse = lambda request: "no grammars here" if request.constrained else None
+    with live_server(engine, byte_tok) as url:
+        body = {"model": "tiny", "prompt": "hi", "max_tokens": 4, "response_format": FORMAT}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 400 and "no grammars here" in r.json()["error"]["message"]
+        assert compiled == []
+        r = httpx.post(url + "/v1/completions", json={**body, "response_format": {"type": "text"}}, timeout=30)
+        assert r.status_code == 200, r.text
