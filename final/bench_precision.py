@@ -59,7 +59,7 @@ def config_for(dtype: str, quantization):
 
 
 def main(argv: list[str] | None = None) -> None:
-    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
+    from course.s06_kernels_graphs.cpu.precision import perplexity, top1_agreement
 
     p = argparse.ArgumentParser(prog="python -m course.final.bench_precision", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
