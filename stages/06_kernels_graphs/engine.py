@@ -15,15 +15,15 @@ from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
 from .backends import make_backend
-from .fused_model import FusedCausalLM
 from .cpu.settings import CpuSettings
+from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
 from .model_runner import ModelRunner
 
 
 @dataclass
 class KernelEngineConfig(EngineConfig):
-    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (attention.c) or
+    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu/attention.c) or
                                          # "triton" (this stage's kernels)
     cuda_graphs: bool = False            # replay decode steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)

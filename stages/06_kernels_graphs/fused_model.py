@@ -11,7 +11,7 @@ What changes, per layer (the unfused count in brackets):
 * RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries].
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
-only), "triton" (fused_norm.py and rotary.py) or "cpu" (ops.c: C loops for the CPU).
+only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu/ops.c: C loops for the CPU).
 The engine hands the model its attention backend once (`follow`): the model takes the
 backend's ops, and its layer kernels where it offers them (the CPU room's backend runs each
 whole layer as one C call, cpu/layer.py); the model never asks which backend it has.
