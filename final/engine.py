@@ -35,7 +35,7 @@ from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
-from course.s06_kernels_graphs.split_linear import split_linears
+from course.s06_kernels_graphs.cpu.split_linear import split_linears
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
 from .mask_prefetch import MaskPrefetcher
@@ -77,8 +77,8 @@ class Engine(LLMEngine):
             drafter = DraftSource(drafter)
         target = BorrowedTarget(model, self.runner.model) if self.config.fused else model
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
-        if isinstance(self.source, EagleSource) and self.config.linear_splits > 1:
-            split_linears(self.source.head, self.config.linear_splits)
+        if isinstance(self.source, EagleSource) and self.config.cpu.linear_splits > 1:
+            split_linears(self.source.head, self.config.cpu.linear_splits)
         self.drafts = self.scheduler.drafts
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from course.s06_kernels_graphs.cpu_attention import kernel_unavailable
+from course.s06_kernels_graphs.cpu.attention import kernel_unavailable
 
 
 def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, attention_backend: str | None = None,

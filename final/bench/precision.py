@@ -62,7 +62,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from course.s06_kernels_graphs.precision import perplexity, top1_agreement
+    from course.s06_kernels_graphs.cpu.precision import perplexity, top1_agreement
 
     fp32 = load_model()
     prompts, texts = quality_data(fp32.tokenizer)

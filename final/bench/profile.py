@@ -16,7 +16,7 @@ wall clock around a call is the call's cost; the wrappers add a few us per call)
   prepare      host lists -> the runner's persistent buffers and the backend's metadata
   linear       every nn.Linear of the decoder (the GEMVs / GEMMs: the part bounded by the machine)
   attention    the attention backend (KV write + attention), all layers
-  layer calls  stage 06's one-call layers (the CPU backend's): the matrix products and
+  layer calls  stage 06's one-call layers (the CPU backend's, cpu/layer.py): the matrix products and
                everything between them, one C call per layer
   other fwd    the rest of the forward: embedding, norms, RoPE, SiLU, residual adds
   lm_head      logits of the sampling rows
@@ -45,10 +45,10 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
-from course.s06_kernels_graphs.int8_linear import Int8Linear
-from course.s06_kernels_graphs.bench_cpu_kernels import time_products
-from course.s06_kernels_graphs.cpu_layer import LayerCalls, layer_weight
-from course.s06_kernels_graphs.split_linear import SplitLinear
+from course.s06_kernels_graphs.cpu.int8_linear import Int8Linear
+from course.s06_kernels_graphs.cpu.bench_cpu_kernels import time_products
+from course.s06_kernels_graphs.cpu.layer import LayerCalls, layer_weight
+from course.s06_kernels_graphs.cpu.split_linear import SplitLinear
 
 from ..engine import Engine
 from ..kernel_defaults import kernel_defaults

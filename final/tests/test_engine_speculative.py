@@ -261,7 +261,7 @@ def test_real_model_speculation_in_the_batch_keeps_every_greedy_token(smollm2, m
         [o.token_ids for o in want.generate(prompts, params)]
     assert engine.spec_stats.accepted > 0  # the real head (or lookup) does get drafts accepted
     if kernels:  # EAGLE drafts with the engine's lm_head and split linears; the model passed in is untouched
-        from course.s06_kernels_graphs.split_linear import SplitLinear
+        from course.s06_kernels_graphs.cpu.split_linear import SplitLinear
         assert engine.source.target.engine_model is engine.runner.model
         assert isinstance(engine.source.head.fc, SplitLinear) and type(smollm2.model.lm_head) is torch.nn.Linear
 

@@ -11,7 +11,9 @@ for its grid. Two kinds of step exist:
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,16 +36,6 @@ class StepPlan:
     longest), prefill chunks one by one."""
     decodes: list[DecodeGroup]
     prefills: list[tuple[int, int, int, int]]  # (sequence, first row, end row, total length) per chunk
-    native: "NativeRows | None" = None         # the cpu backend's plan: every row, for its C kernel
-
-
-@dataclass
-class NativeRows:
-    """Rows the CPU kernel attends in one call: row `rows[i]` of q to the first `lens[i]`
-    tokens of sequence `seqs[i]` (for a row of a chunk, the tokens up to its own position)."""
-    rows: torch.Tensor
-    seqs: torch.Tensor
-    lens: torch.Tensor
 
 
 @dataclass
@@ -51,11 +43,26 @@ class KernelMetadata(PagedAttentionMetadata):
     max_query_len: int = 1   # host int: the longest new-token run (the prefill kernel's grid)
     is_decode: bool = False  # every sequence brings exactly one token
     num_splits: int = 1      # split-K partitions of the decode kernel (1 = single pass)
-    plan: StepPlan | None = None  # the torch backend's split of an eager step
+    plan: object = None      # the backend's own plan of an eager step (the torch backend's: a StepPlan)
+
+
+class LayerKernels(ABC):
+    """Whole decoder layers in one call each, which a backend may offer for a model (the CPU
+    room's C layers do, cpu/layer.py). The fused model takes them once (`FusedCausalLM.follow`),
+    then asks them every step; where they say None, it runs its layers op by op."""
+
+    @abstractmethod
+    def step(self, attn, x, cos, sin, meta) -> Callable | None:
+        """This step's `run(layer, x, residual) -> (x, residual)`, or None: run it op by op."""
+
+    @abstractmethod
+    def logits(self, hidden) -> torch.Tensor | None:
+        """The lm_head's product of `hidden`, or None: the model's own lm_head."""
 
 
 class KernelBackend(AttentionBackend):
     name = "?"
+    fused_ops = "torch"  # who does the fused model's small ops beside this backend (fused_model.OPS)
 
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
@@ -69,6 +76,11 @@ class KernelBackend(AttentionBackend):
                               slot_mapping=slot_mapping, block_tables=block_tables,
                               max_query_len=max_query_len, is_decode=max_query_len == 1)
 
+    def layer_kernels(self, model) -> LayerKernels | None:
+        """Kernels that run each whole decoder layer of `model` in one call, or None (the
+        default): the model calls its ops, and this backend's `forward` for attention."""
+        return None
+
 
 class TorchPagedBackend(KernelBackend):
     """PyTorch only, two paths.
@@ -80,7 +92,7 @@ class TorchPagedBackend(KernelBackend):
       sorted by length go in groups of `decode_group` (each padded only to its own longest),
       prefill chunks one by one, both through torch's fused `scaled_dot_product_attention`.
       On our 2-core CPU, 32 decodes of 100-640 tokens: 13.2 ms per layer gathered at once with
-      einsums, 3.8 ms grouped by 8 with SDPA (`python -m course.s06_kernels_graphs.benchmark`).
+      einsums, 3.8 ms grouped by 8 with SDPA (`python -m course.s06_kernels_graphs.bench.benchmark`).
 
     `batched=False`: stage 03's per-sequence reference for every eager step."""
 
@@ -137,47 +149,6 @@ class TorchPagedBackend(KernelBackend):
         return out
 
 
-class CpuPagedBackend(TorchPagedBackend):
-    """Every row of every step through cpu_attention.c, read straight from the pool (float32 on
-    the CPU): decode rows, the k+1 rows of a speculative verification and prefill chunks alike,
-    in one call per layer. A row of a chunk attends to the tokens up to its own position, which
-    is the causal mask. On our 2-core CPU, one layer (bench_cpu_kernels.py): 32 decodes of
-    100-300 tokens 2.39 ms grouped SDPA -> 0.48 ms; a 256-token prompt beside 16 decodes 4.46 ->
-    2.38 ms (SDPA with a mask is no GEMM-speed flash attention on this CPU). The torch
-    backend's metadata and KV write, its own plan."""
-
-    name = "cpu"
-
-    def __init__(self, cache: PagedKVCache):
-        from .cpu_attention import check_shapes, kernel_unavailable
-
-        super().__init__(cache)
-        reason = kernel_unavailable()
-        if reason:
-            raise ValueError(f"the cpu attention backend needs its C kernel: {reason}; use the torch backend")
-        check_shapes(cache.k[0])
-
-    def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> StepPlan:
-        seqs, row_lens = [], []
-        for b, (n, total) in enumerate(zip(query_lens, lens)):
-            seqs += [b] * n
-            row_lens += range(total - n + 1, total + 1)  # causal: each row sees up to itself
-        device = meta.seq_lens.device
-        as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return StepPlan([], [], NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs),
-                                           as_tensor(row_lens)))
-
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
-        from .cpu_attention import paged_attention_rows
-
-        k_pool, v_pool = self.write_kv(layer, k, v, meta)
-        if meta.plan is None:  # a decode step without host lengths: one row per sequence
-            every = torch.arange(meta.seq_lens.shape[0], device=q.device)
-            return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, every, every, meta.seq_lens)
-        rows = meta.plan.native
-        return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens)
-
-
 def decode_attention_sdpa(q, k_pool, v_pool, block_tables, seq_lens):
     """decode_attention_gather's math through torch's fused SDPA (grouped query heads
     included): q [B, H, D] -> [B, H, D]."""
@@ -221,6 +192,7 @@ class TritonPagedBackend(KernelBackend):
     which takes prefill chunks and decodes side by side."""
 
     name = "triton"
+    fused_ops = "triton"
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None):
         super().__init__(cache)
@@ -251,7 +223,13 @@ class TritonPagedBackend(KernelBackend):
                                       meta.block_tables, meta.max_query_len)
 
 
-BACKENDS = {"torch": TorchPagedBackend, "cpu": CpuPagedBackend, "triton": TritonPagedBackend}
+def cpu_backend(cache: PagedKVCache, **options) -> KernelBackend:
+    """The CPU room's backend (cpu/backend.py: its C kernel and its one-call layers)."""
+    from .cpu.backend import CpuPagedBackend
+    return CpuPagedBackend(cache, **options)
+
+
+BACKENDS = {"torch": TorchPagedBackend, "cpu": cpu_backend, "triton": TritonPagedBackend}
 
 
 def make_backend(name: str, cache: PagedKVCache, **options) -> KernelBackend:

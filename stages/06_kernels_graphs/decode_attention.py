@@ -112,7 +112,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
     """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged
     pool k/v_cache [num_blocks, block_size, Hkv, D], whose pages are block_tables[b]. Returns
     [B, H, D] in q's dtype, written into `out` if given. num_splits > 1: split-K + reduce.
-    block_n (keys per tile, a power of two) and num_warps are tuning knobs (tune_decode.py)."""
+    block_n (keys per tile, a power of two) and num_warps are tuning knobs (bench/tune_decode.py)."""
     B, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
@@ -149,7 +149,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
 
 
 # Programs per SM to aim for before splitting stops paying: measured on an H200 with
-# tune_decode.py (B=32 at 2,048 tokens, 256 programs: 428 us unsplit, 287 us with 2 splits).
+# bench/tune_decode.py (B=32 at 2,048 tokens, 256 programs: 428 us unsplit, 287 us with 2 splits).
 PROGRAMS_PER_SM = 4
 
 

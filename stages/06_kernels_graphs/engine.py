@@ -9,40 +9,38 @@ padding rows write to.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass, field, replace
 
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
 from .backends import make_backend
+from .cpu.settings import CpuSettings
 from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
-from .int8_linear import quantize_linears
 from .model_runner import ModelRunner
-from .split_linear import split_linears
 
 
 @dataclass
 class KernelEngineConfig(EngineConfig):
-    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu_attention.c) or
+    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu/attention.c) or
                                          # "triton" (this stage's kernels)
     cuda_graphs: bool = False            # replay decode steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
     graph_max_seq_len: int = 2048        # decode steps with a longer sequence run eagerly
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
-    linear_splits: int = 1               # CPU: each fused model's linear as a bmm over this many row blocks
-                                         # (split_linear.py; 1 = torch's linear, which decodes on one thread)
+    cpu: CpuSettings = field(default_factory=CpuSettings)  # what only the CPU needs (cpu/settings.py)
+    # the CPU settings may also be given one by one (final/'s command line does): they land in `cpu`
+    linear_splits: InitVar[int | None] = None
+    quantization: InitVar[str | None] = None
+    one_call_layers: InitVar[bool | None] = None
 
-    quantization: str | None = None      # "int8": int8 weight-only linears (int8_linear.py); None: the model's dtype
-    one_call_layers: bool = True         # cpu backend, fused: each layer of a step runs as one C call
-                                         # (cpu_layer.py); False keeps the per-op path
-
-    def __post_init__(self):
-        if self.quantization not in (None, "int8"):
-            raise ValueError(f"unknown quantization {self.quantization!r}; choose int8 or leave it unset")
-        for option, on in (("linear_splits", self.linear_splits > 1), ("quantization", self.quantization)):
-            if on and not self.fused:
+    def __post_init__(self, linear_splits, quantization, one_call_layers):
+        given = {"linear_splits": linear_splits, "quantization": quantization, "one_call_layers": one_call_layers}
+        self.cpu = replace(self.cpu, **{k: v for k, v in given.items() if v is not None})
+        for option in self.cpu.changed_linears():
+            if not self.fused:
                 raise ValueError(f"{option} needs fused=True: the changed layers belong to the fused copy, "
                                  "never to the model you passed in")
 
@@ -52,15 +50,13 @@ class LLMEngine(BatchingEngine):
 
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
-        if config.fused:  # same weights, fewer kernels; the ops follow the attention backend
-            model = FusedCausalLM(model, ops=config.attention_backend, one_call_layers=config.one_call_layers)
-            if config.quantization == "int8":
-                quantize_linears(model, parts=config.linear_splits)
-            elif config.linear_splits > 1:
-                split_linears(model, config.linear_splits)
+        if config.fused:  # same weights, fewer kernels; int8 or split linears where the CPU settings say
+            model = config.cpu.prepare(FusedCausalLM(model))
         super().__init__(model, tokenizer, config, eos_token_ids, **kw)
-        options = {"num_splits": config.num_splits} if config.attention_backend == "triton" else {}
-        self.attn = make_backend(config.attention_backend, self.cache, **options)
+        options = {"triton": {"num_splits": config.num_splits}, "cpu": {"settings": config.cpu}}
+        self.attn = make_backend(config.attention_backend, self.cache, **options.get(config.attention_backend, {}))
+        if config.fused:  # the backend's ops, and its whole-layer kernels where it offers them
+            model.follow(self.attn)
         dummy = config.num_blocks
         graphs = None
         if config.cuda_graphs:

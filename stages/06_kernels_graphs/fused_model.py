@@ -11,10 +11,10 @@ What changes, per layer (the unfused count in brackets):
 * RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries].
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
-only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu_ops.c: C loops for the CPU).
-The attention backend is independent. With the cpu ops and the cpu attention backend, each
-layer of a step runs as one C call (cpu_layer.py; `one_call_layers=False` keeps the per-op
-path, which is what its tests compare it with).
+only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu/ops.c: C loops for the CPU).
+The engine hands the model its attention backend once (`follow`): the model takes the
+backend's ops, and its layer kernels where it offers them (the CPU room's backend runs each
+whole layer as one C call, cpu/layer.py); the model never asks which backend it has.
 """
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ from torch import nn
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
-from . import cpu_layer
-from .cpu_layer import LayerCalls, LayerWeights, layer_weight, product
-from .cpu_ops import CpuOps
+from .backends import KernelBackend, LayerKernels
+from .cpu.ops import CpuOps
 
 
 class TorchOps:
@@ -119,47 +118,37 @@ class FusedLayer(nn.Module):
 class FusedCausalLM(nn.Module):
     """Drop-in for stage 01's CausalLM (same forward/compute_logits), built from one."""
 
-    def __init__(self, model: CausalLM, ops: str = "torch", one_call_layers: bool = True):
+    def __init__(self, model: CausalLM, ops: str = "torch"):
         super().__init__()
         if ops not in OPS:
             raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
         self.config, self.ops = model.config, OPS[ops]
-        self.one_call_layers = one_call_layers and ops == "cpu"
-        self._c_weights = None  # cpu_layer.c's view of every layer's weights (False: not all its kind): made once
-        self._c_head = None     # ... and of the lm_head's (None: not its kind)
-        self._c_scratch = None  # cpu_layer.py's buffers, kept between steps
+        self.layer_kernels: LayerKernels | None = None  # whole layers in one call each, a backend's (follow)
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
 
+    def follow(self, backend: KernelBackend) -> "FusedCausalLM":
+        """Run beside `backend`: its ops for the small work, and its layer kernels if it offers
+        any (asked once, after the linears took their final form: split or int8)."""
+        self.ops = OPS[backend.fused_ops]
+        self.layer_kernels = backend.layer_kernels(self)
+        return self
+
     def forward(self, input_ids, attn, meta):
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary_emb(meta.positions)
-        if self._one_call(x) and LayerCalls.applies(attn, meta):
-            calls = LayerCalls(self, x, cos, sin, attn, meta)
-            for layer, weights in zip(self.layers, self._c_weights):
-                x, residual = calls.run(layer, weights, x, residual)
-        else:
-            for layer in self.layers:
+        whole_layer = self.layer_kernels.step(attn, x, cos, sin, meta) if self.layer_kernels else None
+        for layer in self.layers:
+            if whole_layer:
+                x, residual = whole_layer(layer, x, residual)
+            else:
                 x, residual = layer(x, residual, cos, sin, attn, meta, self.ops)
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):
-        head = self._c_head if self._one_call(hidden) else None
-        if head is not None:
-            return product(hidden, *head)
-        return self.lm_head(hidden).float()
-
-    def _one_call(self, x) -> bool:
-        """cpu_layer.py's path: the cpu ops, float32 activations, weights its C takes, its C
-        compiled here."""
-        if not self.one_call_layers or x.dtype != torch.float32:
-            return False
-        if self._c_weights is None:  # the first time: after the engine has split or quantized the linears
-            weights = [LayerWeights.of(layer) for layer in self.layers]
-            self._c_weights = cpu_layer.layer_kernel_unavailable() is None and all(weights) and weights
-            self._c_head = layer_weight(self.lm_head)
-        return bool(self._c_weights)
+        logits = self.layer_kernels.logits(hidden) if self.layer_kernels else None
+        return logits if logits is not None else self.lm_head(hidden).float()
 
     @property
     def device(self):  # the embedding, not the lm_head: an int8 lm_head has no float weight

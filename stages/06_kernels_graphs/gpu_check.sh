@@ -10,6 +10,7 @@
 # and the models are random weights in SmolLM2-135M's and Llama-3.2-1B's shapes (speed depends on
 # the shapes, not the values; the default model's GPU test needs its weights and is left out).
 # Each part has its own time limit, so one that hangs still leaves the others' results in OUTDIR.
+# The README quotes these files from results/gpu/, named for the card (h100_kernels.json, ...).
 set -u
 OUT=${1:-/tmp/stage06_gpu}
 mkdir -p "$OUT"
@@ -31,10 +32,10 @@ for part in $PARTS; do
     case $part in
     tests) timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider -k "not default_model" \
                stages/06_kernels_graphs/tests/test_gpu.py stages/01_decode_loop/tests/test_sampling.py ;;
-    tune) timeout 150 python3 -m course.s06_kernels_graphs.tune_decode --json "$OUT/tune_decode.json" ;;
-    kernels) timeout 100 python3 -m course.s06_kernels_graphs.bench_kernels --json "$OUT/kernels.json" ;;
+    tune) timeout 150 python3 -m course.s06_kernels_graphs.bench.tune_decode --json "$OUT/tune_decode.json" ;;
+    kernels) timeout 100 python3 -m course.s06_kernels_graphs.bench.bench_kernels --json "$OUT/kernels.json" ;;
     step) for model in 135m-random 1b-random; do
-              timeout "$([ "$model" = 1b-random ] && echo 180 || echo 120)" python3 -m course.s06_kernels_graphs.benchmark \
+              timeout "$([ "$model" = 1b-random ] && echo 180 || echo 120)" python3 -m course.s06_kernels_graphs.bench.benchmark \
                   --model "$model" --batches 1 4 16 64 --json "$OUT/step_$model.json"
           done ;;
     esac 2>&1 | tee -a "$LOG"

@@ -10,7 +10,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 def test_phases_add_up_to_the_steps_and_every_part_is_timed(byte_tok):
     import course.s04_continuous_batching.engine as batching
-    from course.s06_kernels_graphs.cpu_layer import LayerCalls
+    from course.s06_kernels_graphs.cpu.layer import LayerCalls
     before = (batching.sample_batch, LayerCalls.__dict__["run"])
     config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=12, fused=True, linear_splits=2)
     engine = Engine(tiny_model("gqa_tied"), byte_tok, config, prefetch_masks=False)

@@ -57,7 +57,7 @@ def test_dtypes_match_reference(dtype, tol, num_splits):
 @pytest.mark.parametrize("block_n", [32, 128])
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_tile_size_and_warps_knobs_match_reference(block_n, num_splits):
-    """tune_decode.py's knobs: a tile wider than a page (and than a short sequence) still masks
+    """bench/tune_decode.py's knobs: a tile wider than a page (and than a short sequence) still masks
     every key past the end; num_warps changes the launch only."""
     case = _case([1, 5, 40, 130], block_size=4, seed=block_n)
     _check(case, num_splits=num_splits, block_n=block_n, num_warps=2)

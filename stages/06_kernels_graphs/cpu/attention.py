@@ -1,0 +1,82 @@
+"""Paged attention on the CPU in ~150 lines of C (attention.c), called through ctypes.
+
+Why C, in a Python course: on the CPU Triton does not compile (CI runs its kernels through
+the interpreter), and PyTorch cannot read a paged pool in place: every torch formulation
+first gathers each sequence's blocks into a padded copy, then attends to the copy. On our
+2-core CPU that copy and the padded SDPA after it cost 2.4 ms per layer for 32 decodes of
+100-300 tokens, 30 layers a step; reading the blocks where they lie costs 0.48 ms
+(bench_cpu_kernels.py). vLLM for CPU ships C++ attention kernels for the same reason. The kernel is the Triton decode kernel's
+algorithm (online softmax over the block table), one loop nest per (row, KV head), with
+AVX-512 code for a block's scores and value sums where the head size allows.
+
+Compiled once per machine (native.py); without a C compiler, `kernel_unavailable()` says why
+and the engine keeps the PyTorch backend.
+
+    python -m course.s06_kernels_graphs.cpu.bench_cpu_kernels   # the ratios on this machine
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from . import native
+
+SOURCE = Path(__file__).with_name("attention.c")
+FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # vectorized exp: see the .c
+LIMITS = {"query heads per KV head": 16, "head_dim": 256, "block_size": 128}  # the C file's stack arrays
+
+
+@native.cached_loader
+def _library():
+    fn = native.load(SOURCE, FLAGS).paged_attention_rows_f32
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
+                   ctypes.c_float, ctypes.c_int]
+    fn.restype = i64
+    return fn
+
+
+def kernel_unavailable() -> str | None:
+    """None when the kernel compiles and loads here, else the reason."""
+    return native.unavailable(_library)
+
+
+def check_shapes(k_pool: torch.Tensor, query_heads: int | None = None) -> None:
+    """Raise ValueError for what the kernel does not take."""
+    _, block_size, kv_heads, head_dim = k_pool.shape
+    if k_pool.dtype != torch.float32 or k_pool.device.type != "cpu":
+        raise ValueError(f"the CPU kernel reads a float32 pool on the CPU, not {k_pool.dtype} on {k_pool.device}")
+    sizes = {"query heads per KV head": (query_heads or kv_heads) // kv_heads, "head_dim": head_dim,
+             "block_size": block_size}
+    for what, limit in LIMITS.items():
+        if sizes[what] > limit:
+            raise ValueError(f"the CPU kernel takes at most {limit} for {what}, got {sizes[what]}")
+
+
+def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=None) -> torch.Tensor:
+    """out[rows[i]] = attention of q[rows[i]] to the first lens[i] tokens of sequence seqs[i]
+    (its blocks: block_tables[seqs[i]]). q [T, H, D] float32; pools [num_blocks, bs, Hkv, D];
+    rows/seqs/lens int64 [n]. Rows of `out` not named in `rows` are left as they are."""
+    for t in (rows, seqs, lens, block_tables):
+        if t.dtype != torch.int64:
+            raise ValueError(f"rows, seqs, lens and block tables are int64, got {t.dtype}")
+    if q.dtype != torch.float32 or not (k_pool.is_contiguous() and v_pool.is_contiguous()):
+        raise ValueError("the CPU kernel takes float32 queries and contiguous pools")
+    if q.shape[1] % k_pool.shape[2] or q.shape[1] // k_pool.shape[2] > LIMITS["query heads per KV head"]:
+        raise ValueError(f"{q.shape[1]} query heads do not group onto {k_pool.shape[2]} KV heads "
+                         f"(at most {LIMITS['query heads per KV head']} each)")
+    rows, seqs, lens = rows.contiguous(), seqs.contiguous(), lens.contiguous()
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        q = q.contiguous()
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    tables = block_tables.contiguous()
+    bad = _library()(q.data_ptr(), q.stride(0), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
+                     k_pool.shape[0], rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(),
+                     tables.data_ptr(), tables.shape[1], q.shape[1], k_pool.shape[2], q.shape[2],
+                     k_pool.shape[1], q.shape[2] ** -0.5, torch.get_num_threads())
+    if bad:
+        raise RuntimeError(f"{bad} rows had a block table that does not cover their length or names a "
+                           "block outside the pool (an engine bug; nothing was read out of bounds)")
+    return out

@@ -1,0 +1,76 @@
+"""The cpu attention backend: every row of every step through attention.c, read straight from
+the pool, and, where its settings allow, each whole decoder layer in one C call (layer.py).
+
+It is the torch backend's metadata and KV write with its own plan: the rows the C kernel
+attends, one call per layer. It offers its one-call layers through the backend seam
+(`layer_kernels`), so the fused model never needs to know which backend it runs with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from course.s03_paged.paged_attention import PagedKVCache
+
+from ..backends import KernelMetadata, LayerKernels, TorchPagedBackend
+from .settings import CpuSettings
+
+
+@dataclass
+class NativeRows:
+    """Rows the CPU kernel attends in one call: row `rows[i]` of q to the first `lens[i]`
+    tokens of sequence `seqs[i]` (for a row of a chunk, the tokens up to its own position)."""
+    rows: torch.Tensor
+    seqs: torch.Tensor
+    lens: torch.Tensor
+
+
+class CpuPagedBackend(TorchPagedBackend):
+    """Float32 on the CPU: decode rows, the k+1 rows of a speculative verification and prefill
+    chunks alike, in one call per layer. A row of a chunk attends to the tokens up to its own
+    position, which is the causal mask. One layer on a 2-core CPU, 32 decodes of 100-300
+    tokens: the C kernel against grouped SDPA, `results/bench_cpu_kernels.json` (bench_cpu_kernels.py)."""
+
+    name = "cpu"
+    fused_ops = "cpu"  # ops.c's norm, RoPE and SwiGLU for the per-op path
+
+    def __init__(self, cache: PagedKVCache, settings: CpuSettings | None = None):
+        from .attention import check_shapes, kernel_unavailable
+
+        super().__init__(cache)
+        self.settings = settings or CpuSettings()
+        reason = kernel_unavailable()
+        if reason:
+            raise ValueError(f"the cpu attention backend needs its C kernel: {reason}; use the torch backend")
+        check_shapes(cache.k[0])
+
+    def layer_kernels(self, model) -> LayerKernels | None:
+        """layer.py's one-call layers, where the settings ask for them and the C covers the
+        model (float32 or int8 weights, no biases, a compiler here); else None."""
+        from .layer import CpuLayers
+
+        return CpuLayers.of(model, self) if self.settings.one_call_layers else None
+
+    def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> NativeRows:
+        seqs, row_lens = [], []
+        for b, (n, total) in enumerate(zip(query_lens, lens)):
+            seqs += [b] * n
+            row_lens += range(total - n + 1, total + 1)  # causal: each row sees up to itself
+        device = meta.seq_lens.device
+        as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
+
+    def rows(self, meta: KernelMetadata) -> NativeRows:
+        """The step's rows: its plan, or for a decode step without host lengths one row per sequence."""
+        if meta.plan is None:
+            every = torch.arange(meta.seq_lens.shape[0], device=meta.seq_lens.device)
+            return NativeRows(every, every, meta.seq_lens)
+        return meta.plan
+
+    def forward(self, layer, q, k, v, meta: KernelMetadata):
+        from .attention import paged_attention_rows
+
+        k_pool, v_pool = self.write_kv(layer, k, v, meta)
+        rows = self.rows(meta)
+        return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens)

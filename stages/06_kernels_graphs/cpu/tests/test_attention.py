@@ -1,0 +1,130 @@
+"""attention.c against the oracle (stage 03's gather + stage 01's causal attention), the
+CPU backend against the torch backend, and what happens where no C compiler is."""
+import pytest
+import torch
+
+from course.s06_kernels_graphs.cpu import native
+from course.s06_kernels_graphs.backends import TorchPagedBackend
+from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend
+from course.s06_kernels_graphs.cpu.attention import check_shapes, kernel_unavailable, paged_attention_rows
+from course.s06_kernels_graphs.testing import make_paged_case, one_layer_step, reference_attention
+
+
+def every_row(case):
+    """Each query row of the case as a kernel row: its sequence, and the tokens it sees."""
+    rows, seqs, lens = [], [], []
+    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
+        start = case.cu_seqlens_q[b].item()
+        rows += range(start, start + new)
+        seqs += [b] * new
+        lens += range(total - new + 1, total + 1)
+    return [torch.tensor(x, dtype=torch.long) for x in (rows, seqs, lens)]
+
+
+@pytest.mark.parametrize("seq_lens, query_lens", [
+    ([7, 33, 1, 50, 16], [1, 5, 1, 1, 16]),  # decodes beside chunks, one after a cached prefix
+    ([9, 31, 4, 18, 60], [1, 1, 1, 1, 1]),   # decode only
+    ([40, 3], [40, 3]),                      # prefill only
+])
+# head_dim: multiples of 16 take the vector path (128: scores only), others the plain loops;
+# block_size 32: two 16-key score groups per block
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 16), (4, 4, 8), (3, 1, 12), (16, 1, 64), (4, 2, 128)])
+@pytest.mark.parametrize("block_size", [1, 4, 16, 32])
+def test_kernel_equals_the_oracle(seq_lens, query_lens, heads, kv_heads, head_dim, block_size):
+    """The pool is NaN outside the sequences' tokens (and the tables' padding points at a NaN
+    block): one read past a row's length would poison its output."""
+    case = make_paged_case(seq_lens, query_lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                           block_size=block_size, seed=heads + block_size)
+    rows, seqs, lens = every_row(case)
+    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
+    torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, monkeypatch):
+    """Machines without AVX-512 compile the plain loops for every head size: same results."""
+    import ctypes
+
+    from course.s06_kernels_graphs.cpu import attention as cpu_attention
+    fn = native.load(cpu_attention.SOURCE, cpu_attention.FLAGS + ["-mno-avx512f"]).paged_attention_rows_f32
+    fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
+    monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
+    case = make_paged_case([7, 33, 50], [1, 5, 1], num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16)
+    rows, seqs, lens = every_row(case)
+    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
+    torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_reads_strided_queries_and_leaves_unnamed_rows_alone():
+    """q as the fused model hands it over (a view into the merged QKV output); rows not named
+    keep what `out` held."""
+    case = make_paged_case([12, 30], [1, 1], num_heads=4, num_kv_heads=2, head_dim=8, block_size=4)
+    qkv = torch.cat([case.q.flatten(1), torch.randn(2, 32)], dim=1)  # [T, q | k | v]
+    q = qkv[:, :32].view(2, 4, 8)
+    assert not q.is_contiguous()
+    out = torch.full_like(case.q, 5.0)
+    one = torch.tensor([1])
+    paged_attention_rows(q, case.k_cache, case.v_cache, case.block_tables.long(), one, one, torch.tensor([30]), out)
+    torch.testing.assert_close(out[1], reference_attention(case)[1], atol=1e-5, rtol=1e-5)
+    assert torch.all(out[0] == 5.0)
+
+
+def test_bad_tables_raise_instead_of_reading_out_of_bounds():
+    case = make_paged_case([12, 30], [1, 1], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
+    tables, two = case.block_tables.long(), torch.arange(2)
+    with pytest.raises(RuntimeError, match="1 rows had a block table"):
+        paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, two, two, torch.tensor([12, 300]))
+    bad = tables.clone()
+    bad[0, 0] = case.k_cache.shape[0]  # one past the pool
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        paged_attention_rows(case.q, case.k_cache, case.v_cache, bad, two, two, case.seq_lens.long())
+
+
+def test_shapes_the_kernel_does_not_take_are_refused():
+    with pytest.raises(ValueError, match="float32 pool"):
+        check_shapes(torch.zeros(4, 16, 2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="head_dim"):
+        check_shapes(torch.zeros(4, 16, 2, 512))
+    with pytest.raises(ValueError, match="query heads per KV head"):
+        check_shapes(torch.zeros(4, 16, 1, 8), query_heads=32)
+
+
+@pytest.mark.parametrize("host", [True, False])  # lengths from the runner, or read back once
+def test_cpu_backend_equals_the_torch_backend(host):
+    case = make_paged_case([7, 33, 1, 50, 16, 90], [1, 5, 1, 1, 16, 40], num_heads=6, num_kv_heads=2, head_dim=16,
+                           block_size=4, seed=3)
+    outputs = []
+    for make in (CpuPagedBackend, TorchPagedBackend):
+        backend, meta, (k_new, v_new) = one_layer_step(case, make, host)
+        if backend.name == "cpu":  # every row, each seeing its sequence up to its own position
+            assert meta.plan.rows.tolist() == list(range(sum(case.query_lens)))
+            assert meta.plan.lens.tolist()[1:6] == [29, 30, 31, 32, 33]  # the 5-token chunk of 33
+        outputs.append(backend.forward(0, case.q, k_new, v_new, meta))
+    torch.testing.assert_close(outputs[0], outputs[1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outputs[0], reference_attention(case), atol=1e-5, rtol=1e-5)
+
+
+def test_without_a_compiler_the_backend_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("COURSE_KERNEL_CACHE", str(tmp_path / "cache"))  # empty: nothing compiled to reuse
+    native.forget_loaded()
+    try:
+        reason = kernel_unavailable()
+        assert reason and "no C compiler" in reason
+        case = make_paged_case([5], [1], num_heads=2, num_kv_heads=1, head_dim=8, block_size=4)
+        with pytest.raises(ValueError, match="needs its C kernel"):
+            one_layer_step(case, CpuPagedBackend)
+    finally:
+        monkeypatch.undo()
+        native.forget_loaded()
+    assert kernel_unavailable() is None
+
+
+def test_loading_the_kernels_leaves_float_subnormals_alone():
+    """attention.c is compiled with -ffast-math; linked with it, gcc's crtfastmath.o would
+    switch the whole process to flush-to-zero on load (torch's float math included)."""
+    from course.s06_kernels_graphs.cpu.ops import ops_unavailable
+
+    assert kernel_unavailable() is None and ops_unavailable() is None
+    tiny = torch.tensor(1e-38, dtype=torch.float32)
+    assert (tiny / 100).item() != 0.0
