@@ -45,6 +45,12 @@ class KernelEngineConfig(EngineConfig):
                                  "never to the model you passed in")
 
 
+# Read back, the one-by-one names are the CPU settings' own: `config.linear_splits` is
+# `config.cpu.linear_splits`, never the keyword's unset default.
+for _name in ("linear_splits", "quantization", "one_call_layers"):
+    setattr(KernelEngineConfig, _name, property(lambda self, name=_name: getattr(self.cpu, name)))
+
+
 class LLMEngine(BatchingEngine):
     reserved_blocks = 1  # the dummy block: id num_blocks
 

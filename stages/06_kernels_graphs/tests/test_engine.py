@@ -122,3 +122,15 @@ def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
 def test_an_unknown_backend_fails_at_construction(byte_tok):
     with pytest.raises(ValueError, match="backend"):
         LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
+
+
+def test_cpu_settings_given_one_by_one_land_in_cpu_and_read_back():
+    from dataclasses import replace
+
+    from course.s06_kernels_graphs.cpu.settings import CpuSettings
+
+    config = KernelEngineConfig(fused=True, linear_splits=2, quantization="int8", one_call_layers=False)
+    assert config.cpu == CpuSettings(linear_splits=2, quantization="int8", one_call_layers=False)
+    assert (config.linear_splits, config.quantization, config.one_call_layers) == (2, "int8", False)
+    assert replace(config, cuda_graphs=True).cpu == config.cpu  # a copy keeps them
+    assert KernelEngineConfig(cpu=CpuSettings(linear_splits=3), fused=True).linear_splits == 3
