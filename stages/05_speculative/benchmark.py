@@ -168,6 +168,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run_cli(args: argparse.Namespace) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     if args.verify_cost:
+        if args.results:  # results/benchmark.json holds the method table; this mode only prints
+            raise SystemExit("--verify-cost does not write results/benchmark.json; use --json PATH")
         return {"verify_cost_s": verify_cost(load_model().model)}
     return run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
 
