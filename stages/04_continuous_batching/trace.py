@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from .engine import LLMEngine
 
-FREE, CACHED = -1, -2  # owner codes in `pool_owners`: an empty block; a free block that keeps a cached prefix
+# owner codes in `pool_owners`: an empty block; a free block that keeps a cached prefix; a block
+# in several tables at once (a shared prefix, e.g. the chat template's system prompt)
+FREE, CACHED, SHARED = -1, -2, -3
 
 
 @dataclass
@@ -37,13 +39,13 @@ class Snapshot:
         return self.num_blocks - self.empty_blocks - len(self.cached)
 
     def pool_owners(self) -> list[int]:
-        """For each physical block: the (lowest) request id holding it, else FREE or CACHED."""
+        """For each physical block: the request id whose table holds it, else SHARED, CACHED or FREE."""
         owners = [FREE] * self.num_blocks
         for b in self.cached:
             owners[b] = CACHED
-        for rid in sorted(self.tables, reverse=True):  # a shared prefix block shows its first owner
-            for b in self.tables[rid]:
-                owners[b] = rid
+        for rid, table in self.tables.items():
+            for b in table:
+                owners[b] = rid if owners[b] == FREE else SHARED
         return owners
 
 
