@@ -1,6 +1,6 @@
 """Benchmark: stage 01's naive loop vs the KV-cached loop, side by side in one run.
 
-    python -m course.s02_kv_cache.benchmark [--new-tokens 32 128 512] [--json out.json]
+    python -m course.s02_kv_cache.benchmark [--new-tokens 32 128 512] [--results | --json out.json]
 
 Same prompt, greedy, float32, batch 1, the default model, warm-up excluded. For each length:
 total time, TTFT, TPOT and the ratio naive/cached; transformers' cached `generate` as the
@@ -10,14 +10,11 @@ every token's time, for the notebook's plot).
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import time
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt, generate_naive
+from course.s01_decode_loop.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 
@@ -39,11 +36,9 @@ def run(new_tokens: list[int]) -> dict:
     ids = encode_prompt(tok, PROMPT, chat=True)
 
     def hf_generate(params):
-        t = time.perf_counter()
         with torch.no_grad():
-            hf.generate(torch.tensor([ids]), max_new_tokens=params.max_new_tokens,
-                        min_new_tokens=params.max_new_tokens, do_sample=False)
-        return time.perf_counter() - t
+            return timed(hf.generate, torch.tensor([ids]), max_new_tokens=params.max_new_tokens,
+                         min_new_tokens=params.max_new_tokens, do_sample=False)
 
     warm = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
     generate_naive(model, tok, ids, warm), generate_cached(model, tok, ids, warm), hf_generate(warm)
@@ -62,16 +57,11 @@ def run(new_tokens: list[int]) -> dict:
                      "cached_tok_s": n / c_total, "hf_generate_s": hf_s, "hf_vs_cached": hf_s / c_total})
         traces[n] = {"naive": per_token_seconds(naive.token_times_s),
                      "cached": per_token_seconds(cached.token_times_s)}
-    return {"machine": machine(), "rows": rows, "per_token_s": traces}
-
-
-def machine() -> str:
-    return (f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads, float32, greedy, batch 1")
+    return {"rows": rows, "per_token_s": traces}
 
 
 def print_report(result: dict, bucket: int = 64) -> None:
-    print("machine:", result["machine"])
+    print("float32, greedy, batch 1")
     print(f"{'new':>5} {'naive s':>8} {'cached s':>9} {'speedup':>8} {'TTFT naive/cached ms':>21} "
           f"{'TPOT naive/cached ms':>21} {'cached tok/s':>12} {'HF generate s':>13}")
     for r in result["rows"]:
@@ -88,15 +78,12 @@ def print_report(result: dict, bucket: int = 64) -> None:
         print(f"{prompt + i:>5}-{prompt + j - 1:<6} {mean(trace['naive']):>8.0f} {mean(trace['cached']):>8.1f}")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128, 512])
-    p.add_argument("--json", help="also write the results (with every token's time) to this file")
-    args = p.parse_args()
-    result = run(args.new_tokens)
-    print_report(result)
-    if args.json:
-        write_json(args.json, result)
+
+
+main = bench_cli(__doc__, add_args, lambda args: run(args.new_tokens), print_report,
+                 module="course.s02_kv_cache.benchmark")
 
 
 if __name__ == "__main__":

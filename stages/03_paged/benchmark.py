@@ -1,6 +1,6 @@
 """Benchmark: what paging and prefix caching buy, measured in one run.
 
-    python -m course.s03_paged.benchmark [--requests 500] [--questions 6] [--json out.json]
+    python -m course.s03_paged.benchmark [--requests 500] [--questions 6] [--results | --json out.json]
 
 1. Memory: how many ShareGPT requests fit at once in a fixed KV budget, with stage 02's
    contiguous reservation of prompt + max_new_tokens vs paged blocks (a simulation, no model).
@@ -11,14 +11,10 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 
-import torch
-
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
@@ -78,8 +74,7 @@ def prefix_ttft(loaded, n_questions: int, system_tokens: int, block_size: int = 
 
 
 def print_report(mem: dict, pre: dict) -> None:
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, float32")
-    print(f"\n1. memory: {mem['requests']} ShareGPT requests (mean prompt {mem['mean_prompt']:.0f}, mean answer "
+    print(f"1. memory: {mem['requests']} ShareGPT requests (mean prompt {mem['mean_prompt']:.0f}, mean answer "
           f"{mem['mean_output']:.0f} tokens), block {mem['block_size']}, max_new_tokens {mem['max_new_tokens']}")
     print(f"{'KV budget':>10} {'contiguous':>11} {'paged':>6} {'ratio':>6} {'util contig':>12} {'util paged':>11}")
     for r in mem["rows"]:
@@ -97,20 +92,21 @@ def print_report(mem: dict, pre: dict) -> None:
           f"{pre['warm_ttft_s'] * 1e3:.0f} ms: {pre['speedup']:.1f}x")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def run(args: argparse.Namespace) -> dict:
+    loaded = load_model()
+    return {"memory": memory_report(loaded.tokenizer, args.requests, args.budgets),
+            "prefix": prefix_ttft(loaded, args.questions, args.system_tokens)}
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=500)
     p.add_argument("--budgets", type=int, nargs="+", default=[4096, 16384, 65536])
     p.add_argument("--questions", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=600)
-    p.add_argument("--json")
-    args = p.parse_args()
-    loaded = load_model()
-    mem = memory_report(loaded.tokenizer, args.requests, args.budgets)
-    pre = prefix_ttft(loaded, args.questions, args.system_tokens)
-    print_report(mem, pre)
-    if args.json:
-        write_json(args.json, {"memory": mem, "prefix": pre})
+
+
+main = bench_cli(__doc__, add_args, run, lambda result: print_report(result["memory"], result["prefix"]),
+                 module="course.s03_paged.benchmark")
 
 
 if __name__ == "__main__":

@@ -2,11 +2,11 @@
 
     python -m course.s04_continuous_batching.bench_sampler [--batch 1 8 32 64] [--vocab 49152]
                                                             [--reps 20] [--device cpu] [--threads 2 1]
-                                                            [--json out.json]
+                                                            [--results | --json out.json]
 
 For each batch size B: B rows of random logits over SmolLM2's vocabulary, half sampled
 (temperature 0.8 with top-p 0.95, every other one with top-k 50 as well, each with its own seeded
-generator), half greedy. Per row is what stage 04 did before batch_sampler.py: one stage 01
+generator), half greedy. Per row is stage 01's way, one request at a time: one
 `Sequence.sample` call (and one `int(argmax)` host sync) per row. Batched is one `sample_batch`
 call. Both skip appending the token (the same work either way). The two alternate, rep by rep,
 after one warm-up round; the ratio is the median of the per-rep ratios. On a GPU the device is
@@ -15,14 +15,11 @@ synchronised around every timing.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
-import time
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
+from course.s01_decode_loop.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import byte_tokenizer
@@ -41,16 +38,8 @@ def mixed_rows(batch: int) -> list[SamplingParams]:
 def time_side_by_side(per_row, batched, reps: int, device: torch.device) -> tuple[float, float, float]:
     """Median seconds of each, and the median of the per-rep ratios. The two alternate within
     every rep, so a busy (shared) machine slows both alike."""
-    def timed(fn) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - t
     per_row(), batched()  # warm-up: generators made, kernels and allocator ready
-    pairs = [(timed(per_row), timed(batched)) for _ in range(reps)]
+    pairs = [(timed(per_row, device=device), timed(batched, device=device)) for _ in range(reps)]
     return (statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
             statistics.median(a / b for a, b in pairs))
 
@@ -69,32 +58,28 @@ def run(batches: list[int], vocab: int, reps: int, device: str, threads: list[in
             reps, device)
         rows.append({"threads": n_threads, "batch": batch, "per_row_ms": per_row * 1e3,
                      "batched_ms": batched * 1e3, "speedup": ratio})
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, {device}",
-            "vocab": vocab, "reps": reps, "rows": rows}
+    return {"device": str(device), "vocab": vocab, "reps": reps, "rows": rows}
 
 
 def print_report(r: dict) -> None:
-    print(f"machine: {r['machine']}; vocab {r['vocab']}; half greedy, half sampled; median of {r['reps']}")
+    print(f"{r.get('device', 'cpu')}; vocab {r['vocab']}; half greedy, half sampled; median of {r['reps']}")
     print(f"{'threads':>7} {'B':>4} {'per row ms':>11} {'batched ms':>11} {'per row / batched':>18}")
     for row in r["rows"]:
         print(f"{row['threads']:>7} {row['batch']:>4} {row['per_row_ms']:11.2f} {row['batched_ms']:11.2f} "
               f"{row['speedup']:17.2f}x")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--vocab", type=int, default=49152)  # SmolLM2's
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()],
                    help="torch CPU thread counts to measure, in turn (default: torch's own)")
-    p.add_argument("--json")
-    args = p.parse_args()
-    result = run(args.batch, args.vocab, args.reps, args.device, args.threads)
-    print_report(result)
-    if args.json:
-        write_json(args.json, result)
+
+
+main = bench_cli(__doc__, add_args, lambda args: run(args.batch, args.vocab, args.reps, args.device, args.threads),
+                 print_report, module="course.s04_continuous_batching.bench_sampler")
 
 
 if __name__ == "__main__":

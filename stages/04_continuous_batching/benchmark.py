@@ -1,7 +1,7 @@
 """Load benchmark: requests arriving as a Poisson process, served by each scheduler in turn.
 
     python -m course.s04_continuous_batching.benchmark [--requests 16] [--rates 0.5 2 inf]
-                                                        [--max-output 32] [--json out.json]
+                                                        [--max-output 32] [--results | --json out.json]
 
 Requests are real ShareGPT prompts with their real answer lengths (capped at --max-output so a
 2-core CPU finishes); every system generates exactly those lengths (greedy, EOS ignored), so
@@ -18,15 +18,13 @@ plus the machine's compute ceiling: measured float32 GEMM FLOP/s / (2 x params F
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import statistics
 import time
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt
+from course.s01_decode_loop.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import arrival_times, sample_requests
@@ -82,13 +80,10 @@ def serve_hf(hf, pad_id: int, work, arrivals) -> list[dict]:
     return metrics
 
 
-def gemm_flops() -> float:
+def gemm_flops(reps: int = 20) -> float:
     a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    t, reps = time.perf_counter(), 20
-    for _ in range(reps):
-        a @ b
-    return 2 * 1024 ** 3 * reps / (time.perf_counter() - t)
+    a @ b  # warm-up
+    return 2 * 1024 ** 3 * reps / timed(lambda: [a @ b for _ in range(reps)])
 
 
 def summarize(name: str, rate: float, metrics: list[dict], wall: float) -> dict:
@@ -132,14 +127,13 @@ def run(n_requests: int, rates: list[float], max_output: int, budget: int) -> di
         rows.append(summarize("hf generate", rate, metrics, time.perf_counter() - t))
     flops = gemm_flops()
     params = sum(p.numel() for p in model.parameters())
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, float32",
-            "requests": n_requests, "mean_prompt": statistics.mean(len(p) for p, _ in work),
+    return {"requests": n_requests, "mean_prompt": statistics.mean(len(p) for p, _ in work),
             "mean_output": statistics.mean(n for _, n in work), "budget": budget,
             "gemm_gflops": flops / 1e9, "ceiling_tok_s": flops / (2 * params), "rows": rows}
 
 
 def print_report(r: dict) -> None:
-    print(f"machine: {r['machine']}; {r['requests']} ShareGPT requests, mean prompt {r['mean_prompt']:.0f}, "
+    print(f"float32; {r['requests']} ShareGPT requests, mean prompt {r['mean_prompt']:.0f}, "
           f"mean output {r['mean_output']:.0f} tokens; chunk budget {r['budget']}")
     print(f"compute ceiling: {r['gemm_gflops']:.0f} GFLOP/s float32 GEMM / (2 x params) = "
           f"{r['ceiling_tok_s']:.0f} tok/s")
@@ -157,18 +151,15 @@ def print_report(r: dict) -> None:
               f"{by['continuous+chunk'] / by['static']:.2f}x")
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--requests", type=int, default=16)
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 2.0, float("inf")])
     p.add_argument("--max-output", type=int, default=32)
     p.add_argument("--budget", type=int, default=128)
-    p.add_argument("--json")
-    args = p.parse_args()
-    result = run(args.requests, args.rates, args.max_output, args.budget)
-    print_report(result)
-    if args.json:
-        write_json(args.json, result)
+
+
+main = bench_cli(__doc__, add_args, lambda args: run(args.requests, args.rates, args.max_output, args.budget),
+                 print_report, module="course.s04_continuous_batching.benchmark")
 
 
 if __name__ == "__main__":

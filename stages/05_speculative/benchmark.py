@@ -1,7 +1,7 @@
 """Speculative decoding on three workloads, every method, k = 1..6, against stage 02 in one run.
 
     python -m course.s05_speculative.benchmark [--prompts 2] [--max-new-tokens 64] [--ks 1 2 3 4 5 6]
-                                               [--methods draft lookup eagle eagle-tree] [--json out.json]
+                                               [--methods draft lookup eagle eagle-tree] [--results | --json out.json]
     python -m course.s05_speculative.benchmark --verify-cost   # what a k-token verify costs here
 
 Workloads (batch 1, greedy, the default model, chat template):
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import time
 
 import torch
 
-from course.s01_decode_loop.benchmark import write_json
 from course.s01_decode_loop.generate import encode_prompt, next_token_logits
+from course.s01_decode_loop.measure import bench_cli, median_of, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
@@ -69,11 +67,9 @@ def compare(model, prompt_ids: list[int], want: list[int], got: list[int], tol: 
     return "near tie" if abs(float(logits[want[i]] - logits[got[i]])) < tol else "differs"
 
 
-def timed(stream_fn, seq: Sequence) -> float:
-    t = time.perf_counter()
-    for _ in stream_fn(seq):
-        pass
-    return time.perf_counter() - t
+def run_timed(stream_fn, seq: Sequence) -> float:
+    """Seconds to stream `seq` to its end."""
+    return timed(list, stream_fn(seq))
 
 
 def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
@@ -89,14 +85,14 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
         return stream_cached(model, seq)
 
     warm = Sequence(encode_prompt(tok, "Hi", chat=True), SamplingParams(max_new_tokens=4, temperature=0), tok, eos)
-    timed(baseline, warm)
+    run_timed(baseline, warm)
     rows = []
     for name, prompts in workloads(tok, n_prompts).items():
         ids = [encode_prompt(tok, p, chat=True) for p in prompts]
         base_out, base_time = [], 0.0
         for p in ids:
             seq = Sequence(p, params, tok, eos)
-            base_time += timed(baseline, seq)
+            base_time += run_timed(baseline, seq)
             base_out.append(seq.output_ids)
         tokens = sum(len(o) for o in base_out)
         rows.append({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
@@ -111,7 +107,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                         fn = lambda s: stream_tree_speculative(model, s, drafters[method], stats=stats, **shape)  # noqa: E731
                     else:
                         fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
-                    seconds += timed(fn, seq)
+                    seconds += run_timed(fn, seq)
                     verdicts.append(compare(model, p, ref, seq.output_ids))
                 equal = "differs" not in verdicts  # a near tie is reported, not counted as a bug
                 rows.append({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
@@ -120,8 +116,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                              "equal": equal, "near_ties": verdicts.count("near tie")})
                 print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
                       f"speedup {base_time / seconds:4.2f}x{_flag(rows[-1])}", flush=True)
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, float32",
-            "prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
+    return {"prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
             "tree": TREE, "rows": rows}
 
 
@@ -137,20 +132,16 @@ def verify_cost(model, context: int = 128, widths=(1, 2, 3, 4, 5, 7, 17), reps: 
 
     cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
     forward_step(model, ContiguousKVAttention(cache), list(range(100, 100 + context)))
-    out = {}
-    for width in widths:
-        times = []
-        for _ in range(reps):
-            cache.num_tokens = context
-            t = time.perf_counter()
-            model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
-            times.append(time.perf_counter() - t)
-        out[width] = sorted(times)[reps // 2]
-    return out
+
+    def verify(width: int) -> None:
+        cache.num_tokens = context  # roll back: every call verifies after the same context
+        model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
+
+    return {width: median_of(verify, width, repeats=reps, warmup=0) for width in widths}
 
 
 def print_table(result: dict) -> None:
-    print(f"machine: {result['machine']}; {result['prompts_per_workload']} prompts per workload, "
+    print(f"float32; {result['prompts_per_workload']} prompts per workload, "
           f"{result['max_new_tokens']} new tokens, greedy, batch 1")
     print(f"{'workload':>8} {'method':>10} {'k':>2} {'acc.len':>7} {'acc.rate':>8} {'speedup':>7}")
     for r in result["rows"]:
@@ -165,26 +156,33 @@ def _flag(row: dict) -> str:
     return f"  ({row['near_ties']} output(s) parted at a near tie)" if row.get("near_ties") else ""
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=2, help="prompts per workload")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     p.add_argument("--methods", nargs="+", default=["draft", "lookup", "eagle", "eagle-tree"])
     p.add_argument("--draft-layers", type=int, default=4)
-    p.add_argument("--json")
     p.add_argument("--verify-cost", action="store_true", help="only time target forwards of 1..17 tokens")
-    args = p.parse_args()
+
+
+def run_cli(args: argparse.Namespace) -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
     if args.verify_cost:
-        costs = verify_cost(load_model().model)
-        for width, seconds in costs.items():
-            print(f"forward over {width:2} tokens: {seconds * 1e3:6.1f} ms = {seconds / costs[1]:.2f}x one token")
-        return
-    result = run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
-    print_table(result)
-    if args.json:
-        write_json(args.json, result)
+        if args.results:  # results/benchmark.json holds the method table; this mode only prints
+            raise SystemExit("--verify-cost does not write results/benchmark.json; use --json PATH")
+        return {"verify_cost_s": verify_cost(load_model().model)}
+    return run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
+
+
+def report(result: dict) -> None:
+    if "verify_cost_s" not in result:
+        return print_table(result)
+    costs = result["verify_cost_s"]
+    for width, seconds in costs.items():
+        print(f"forward over {width:2} tokens: {seconds * 1e3:6.1f} ms = {seconds / costs[1]:.2f}x one token")
+
+
+main = bench_cli(__doc__, add_args, run_cli, report, module="course.s05_speculative.benchmark")
 
 
 if __name__ == "__main__":
