@@ -1,18 +1,1 @@
-import pytest
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer():
-    """The real model's tokenizer alone (49,152 tokens), without loading its weights."""
-    from transformers import AutoTokenizer
-
-    from course.s01_decode_loop.default_model import ensure_default_model
-
-    return AutoTokenizer.from_pretrained(ensure_default_model())
-
-
-@pytest.fixture(scope="session")
-def smollm2_info(smollm2_tokenizer):
-    from course.s08_structured.vocab import TokenizerInfo
-
-    return TokenizerInfo.from_huggingface(smollm2_tokenizer, vocab_size=49152)
+from course.s08_structured.bench.fixtures import smollm2_info, smollm2_tokenizer  # noqa: F401  (shared fixtures)
