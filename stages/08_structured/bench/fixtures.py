@@ -1,3 +1,4 @@
+"""Fixtures every test folder of stage 08 shares (the stage's conftest.py imports them)."""
 import pytest
 
 
