@@ -5,9 +5,12 @@ Both backends read stage 03's paged pool through block tables and build their ow
 decode kernel wants to know how many splits to run, the varlen kernel wants the longest query
 for its grid. Two kinds of step exist:
 
-* decode-only (every sequence brings one token): the common case, and the one CUDA graphs
-  capture, so both backends do it without a single host sync;
-* anything else (prefill chunks, mixed batches): run eagerly, where host syncs are allowed.
+* decode-only (every sequence brings one token): the common case;
+* anything else (prefill chunks, mixed batches, speculative verifications).
+
+Either kind may run eagerly (host syncs allowed, exact shapes) or be captured in a CUDA graph
+(`graphed`: padded shapes, no host sync; graph_runner.py), so each backend has a sync-free
+path for both.
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class KernelMetadata(PagedAttentionMetadata):
     is_decode: bool = False  # every sequence brings exactly one token
     num_splits: int = 1      # split-K partitions of the decode kernel (1 = single pass)
     plan: object = None      # the backend's own plan of an eager step (the torch backend's: a StepPlan)
+    graphed: bool = False    # built for a captured step: padded shapes, nothing read back to the host
 
 
 class LayerKernels(ABC):
@@ -68,13 +72,14 @@ class KernelBackend(AttentionBackend):
         self.cache = cache
 
     def build_metadata(self, *, positions, cu_seqlens_q, seq_lens, slot_mapping, block_tables,
-                       max_query_len: int, max_seq_len: int, host_lens=None) -> KernelMetadata:
+                       max_query_len: int, max_seq_len: int, host_lens=None, graphed: bool = False) -> KernelMetadata:
         """Tensors are views of the runner's persistent buffers; the two ints are host-side
-        facts of the step (never read back from the device). `host_lens`: (query lengths,
-        sequence lengths) as host lists, for a backend that plans an eager step from them."""
+        facts of the step (never read back from the device; for a graphed step, bounds fixed by
+        its bucket). `host_lens`: (query lengths, sequence lengths) as host lists, for a
+        backend that plans an eager step from them."""
         return KernelMetadata(positions=positions, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
                               slot_mapping=slot_mapping, block_tables=block_tables,
-                              max_query_len=max_query_len, is_decode=max_query_len == 1)
+                              max_query_len=max_query_len, is_decode=max_query_len == 1, graphed=graphed)
 
     def layer_kernels(self, model) -> LayerKernels | None:
         """Kernels that run each whole decoder layer of `model` in one call, or None (the
@@ -85,9 +90,10 @@ class KernelBackend(AttentionBackend):
 class TorchPagedBackend(KernelBackend):
     """PyTorch only, two paths.
 
-    * Captured decode steps (graph_runner.py builds their metadata, with no host lengths):
-      every sequence's table is gathered at once and masked past its length. More bytes than
-      needed, but fixed shapes and no host sync, so a CUDA graph can capture it.
+    * Captured steps (graph_runner.py builds their metadata, with no host lengths): every
+      sequence's table is gathered at once and masked past its length (and, for a mixed step,
+      past each query's position). More bytes than needed, but fixed shapes and no host sync,
+      so a CUDA graph can capture it.
     * Eager steps (the runner passes the host lengths): a plan made once per step. Decode rows
       sorted by length go in groups of `decode_group` (each padded only to its own longest),
       prefill chunks one by one, both through torch's fused `scaled_dot_product_attention`.
@@ -105,7 +111,7 @@ class TorchPagedBackend(KernelBackend):
 
     def build_metadata(self, *, host_lens=None, **kw) -> KernelMetadata:
         meta = super().build_metadata(**kw)
-        if self.batched and (host_lens or not meta.is_decode):
+        if self.batched and not meta.graphed and (host_lens or not meta.is_decode):
             query_lens, lens = host_lens or (meta.query_lens.tolist(), meta.seq_lens.tolist())  # else: one sync
             meta.plan = self.plan_step(meta, query_lens, lens)
         return meta
@@ -134,11 +140,14 @@ class TorchPagedBackend(KernelBackend):
         return k_pool, v_pool
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
-        if meta.plan is None and not meta.is_decode:
+        if meta.plan is None and not meta.is_decode and not meta.graphed:
             return self.reference.forward(layer, q, k, v, meta)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
-        if meta.plan is None:  # a captured decode step
+        if meta.plan is None and meta.is_decode:  # a captured decode step
             return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens)
+        if meta.plan is None:  # a captured mixed step
+            return varlen_attention_gather(q, k_pool, v_pool, meta.cu_seqlens_q, meta.positions,
+                                           meta.block_tables, meta.seq_lens)
         out, bs = torch.empty_like(q), self.cache.block_size
         for g in meta.plan.decodes:
             out[g.rows] = decode_attention_sdpa(q[g.rows], k_pool, v_pool, g.tables, g.lens)
@@ -186,6 +195,29 @@ def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
     return out.reshape(b, h, d).to(q.dtype)
 
 
+def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_tables, seq_lens):
+    """decode_attention_gather for a ragged step: q [T, H, D], rows cu_seqlens_q[b]:[b+1] of
+    sequence b at `positions`. Sync-free: each row finds its sequence with a searchsorted on the
+    device and sees its sequence's keys up to its own position. Rows of no sequence (bucket
+    padding) come out as zeros."""
+    t, h, d = q.shape
+    num_seqs, kv_heads = seq_lens.shape[0], k_pool.shape[2]
+    rows = torch.arange(t, device=q.device)
+    seq = torch.searchsorted(cu_seqlens_q[1:], rows, right=True)  # [T]: the sequence of each row
+    owned = seq < num_seqs
+    seq = seq.clamp(max=num_seqs - 1)
+    keys = k_pool[block_tables[seq]].flatten(1, 2)  # [T, W*bs, Hkv, D]
+    values = v_pool[block_tables[seq]].flatten(1, 2)
+    qg = q.float().view(t, kv_heads, h // kv_heads, d)
+    scores = torch.einsum("tngd,tlnd->tngl", qg, keys.float()) * d ** -0.5
+    span = torch.arange(keys.shape[1], device=q.device)[None, :]
+    visible = (span <= positions[:, None]) & (span < seq_lens[seq][:, None]) & owned[:, None]  # [T, L]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    weights = torch.where(visible[:, None, None, :], scores.softmax(-1), 0.)  # an all-masked row: 0, not NaN
+    out = torch.einsum("tngl,tlnd->tngd", weights.nan_to_num(0.), values.float())
+    return out.reshape(t, h, d).to(q.dtype)
+
+
 class TritonPagedBackend(KernelBackend):
     """Stage 06's kernels: the KV scatter, then one attention launch per layer: the decode
     kernel (split-K for long contexts) when every sequence decodes, else the varlen kernel,
@@ -219,8 +251,9 @@ class TritonPagedBackend(KernelBackend):
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
                                           num_splits=meta.num_splits)
+        out = torch.zeros_like(q) if meta.graphed else None  # bucket padding rows: zeros, not stale memory
         return varlen_paged_attention(q, k_pool, v_pool, meta.cu_seqlens_q, meta.seq_lens,
-                                      meta.block_tables, meta.max_query_len)
+                                      meta.block_tables, meta.max_query_len, out=out)
 
 
 def cpu_backend(cache: PagedKVCache, **options) -> KernelBackend:

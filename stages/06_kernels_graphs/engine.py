@@ -1,5 +1,5 @@
 """Stage 04's engine with stage 06's runner: the attention backend is picked by name in the
-config, and decode steps can replay captured graphs.
+config, and steps can replay captured graphs.
 
     schedule -> ModelRunner.run (persistent buffers, backend metadata, graph or eager) -> postprocess
 
@@ -25,9 +25,11 @@ from .model_runner import ModelRunner
 class KernelEngineConfig(EngineConfig):
     attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu/attention.c) or
                                          # "triton" (this stage's kernels)
-    cuda_graphs: bool = False            # replay decode steps from captured graphs (CPU: the eager stand-in)
+    cuda_graphs: bool = False            # replay steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
-    graph_max_seq_len: int = 2048        # decode steps with a longer sequence run eagerly
+    graph_max_seq_len: int = 2048        # steps with a longer sequence run eagerly
+    graph_max_num_tokens: int = 512      # largest token bucket of captured mixed steps (prefill chunks,
+                                         # verifications); 0: capture decode steps only
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
     cpu: CpuSettings = field(default_factory=CpuSettings)  # what only the CPU needs (cpu/settings.py)
@@ -67,7 +69,8 @@ class LLMEngine(BatchingEngine):
         graphs = None
         if config.cuda_graphs:
             graphs = GraphRunner(model, self.attn, max_batch=config.graph_max_batch or config.max_num_seqs,
-                                 max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy)
+                                 max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy,
+                                 max_num_tokens=min(config.graph_max_num_tokens, config.max_num_batched_tokens))
         self.runner = ModelRunner(model, self.attn, max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
                                   max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),

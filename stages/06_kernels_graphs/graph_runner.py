@@ -14,6 +14,16 @@ with one launch. The price: everything about the step must be fixed at capture t
 Buckets are captured largest first into one shared memory pool: the smaller graphs reuse the
 larger one's intermediate buffers, as vLLM does, so memory does not grow with the bucket count.
 
+Steps that are not all decodes (prefill chunks beside decodes, a speculative verification
+with several tokens per sequence) are captured too, in *token-count* buckets (16, 32, 64, ...
+up to `max_num_tokens`), each with room for `max_batch` sequences. Their attention must then
+launch a grid that depends on those padded counts only, never on the step's own lengths
+(vLLM's idea: `q_tokens // BLOCK_Q + num_seqs` programs, each finding its work on the device).
+Padding here is simpler than for decodes: the unused sequence slots have no tokens at all,
+and the unused token rows belong to no sequence; they write their K/V into the dummy block
+and attention leaves them alone. Logits are computed for a fixed number of rows picked by a
+static index (the rows the step samples from), not for every token.
+
 The capture backend is pluggable: `CudaGraphCapture` on CUDA, `EagerStandIn` elsewhere. The
 stand-in runs the step eagerly on the same static buffers under the sync guard and copies
 the result into fixed output buffers, so buckets, padding and sync-freedom are tested on the CPU.
@@ -74,50 +84,92 @@ class EagerStandIn:
         return Captured(outputs, replay)
 
 
-def bucket_sizes(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, ... up to max_batch (which is itself a bucket)."""
-    sizes, b = [], 1
+def bucket_sizes(max_batch: int, smallest: int = 1) -> list[int]:
+    """smallest, 2 * smallest, ... up to max_batch (which is itself a bucket)."""
+    if max_batch < smallest:
+        return [max_batch] if max_batch > 0 else []
+    sizes, b = [], smallest
     while b < max_batch:
         sizes.append(b)
         b *= 2
     return sizes + [max_batch]
 
 
+MIXED_SMALLEST = 16  # the smallest token bucket of a mixed step
+
+
 class GraphRunner:
-    def __init__(self, model, backend, *, max_batch: int, max_seq_len: int, dummy_block: int, capture=None):
+    def __init__(self, model, backend, *, max_batch: int, max_seq_len: int, dummy_block: int, capture=None,
+                 max_num_tokens: int = 0, max_logit_rows: int | None = None):
+        """max_num_tokens: the largest token bucket of mixed steps (0: decode steps only).
+        max_logit_rows: how many rows a mixed step computes logits for (default 8 per sequence,
+        a verification of 7 drafts); a step that samples more rows runs eagerly."""
         self.model, self.backend = model, backend
         self.capture_backend = capture or (CudaGraphCapture() if model.device.type == "cuda" else EagerStandIn())
         self.buckets = bucket_sizes(max_batch)
+        self.token_buckets = bucket_sizes(max_num_tokens, MIXED_SMALLEST) if max_num_tokens else []
         self.block_size = backend.cache.block_size
         self.max_seq_len, self.dummy_block = max_seq_len, dummy_block
         self.width = -(-max_seq_len // self.block_size)
-        n, long = self.buckets[-1], dict(dtype=torch.long, device=model.device)
+        n, long = max(self.buckets[-1], max_num_tokens), dict(dtype=torch.long, device=model.device)
         self.input_ids = torch.zeros(n, **long)
         self.positions = torch.zeros(n, **long)
         self.seq_lens = torch.ones(n, **long)
         self.slot_mapping = torch.full((n,), dummy_block * self.block_size, **long)
         self.block_tables = torch.full((n, self.width), dummy_block, **long)
-        self.cu_seqlens_q = torch.arange(n + 1, **long)  # one token per sequence, always
+        self.cu_seqlens_q = torch.arange(n + 1, **long)  # decode buckets: one token per sequence, always
+        self.mixed_cu_seqlens_q = torch.zeros(max_batch + 1, **long)  # mixed buckets: ragged
+        self.max_logit_rows = max_logit_rows or 8 * max_batch
+        self.sample_index = torch.zeros(min(self.max_logit_rows, max(max_num_tokens, 1)), **long)
         self.graphs: dict[int, Captured] = {}
+        self.mixed_graphs: dict[int, Captured] = {}
 
     def capture_all(self) -> None:
-        for size in reversed(self.buckets):  # largest first: the others reuse its pool
-            self.graphs[size] = self.capture_backend.capture(lambda size=size: self._step(size))
+        """Every bucket, the one with most tokens first: the others reuse its pool."""
+        todo = [(size, False) for size in self.buckets] + [(tokens, True) for tokens in self.token_buckets]
+        for size, mixed in sorted(todo, key=lambda t: (t[0], t[1]), reverse=True):
+            if mixed:
+                self.mixed_graphs[size] = self.capture_backend.capture(lambda size=size: self._mixed_step(size))
+            else:
+                self.graphs[size] = self.capture_backend.capture(lambda size=size: self._step(size))
 
     def fits(self, batch: int, max_seq_len: int) -> bool:
         return batch <= self.buckets[-1] and max_seq_len <= self.max_seq_len
 
+    def fits_mixed(self, num_tokens: int, batch: int, max_seq_len: int, num_samples: int) -> bool:
+        return (bool(self.token_buckets) and num_tokens <= self.token_buckets[-1] and batch <= self.buckets[-1]
+                and max_seq_len <= self.max_seq_len and num_samples <= self.logit_rows(self.token_buckets[-1]))
+
     def bucket_for(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
 
+    def token_bucket_for(self, num_tokens: int) -> int:
+        return next(t for t in self.token_buckets if t >= num_tokens)
+
+    def logit_rows(self, tokens: int) -> int:
+        return min(tokens, self.sample_index.shape[0])
     def _step(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The captured function: the decode forward on the first `size` rows of the buffers."""
         meta = self.backend.build_metadata(
             positions=self.positions[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
             seq_lens=self.seq_lens[:size], slot_mapping=self.slot_mapping[:size],
-            block_tables=self.block_tables[:size], max_query_len=1, max_seq_len=self.max_seq_len)
+            block_tables=self.block_tables[:size], max_query_len=1, max_seq_len=self.max_seq_len,
+            graphed=True)
         hidden = self.model(self.input_ids[:size], self.backend, meta)
         return hidden, self.model.compute_logits(hidden)
+
+    def _mixed_step(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The captured function of a mixed bucket: `tokens` rows, every sequence slot, and the
+        logits of the rows `sample_index` names. `max_query_len` is the bucket's size, a bound
+        that depends on the bucket alone (a kernel that sizes its grid by it stays valid)."""
+        batch = self.buckets[-1]
+        meta = self.backend.build_metadata(
+            positions=self.positions[:tokens], cu_seqlens_q=self.mixed_cu_seqlens_q,
+            seq_lens=self.seq_lens[:batch], slot_mapping=self.slot_mapping[:tokens],
+            block_tables=self.block_tables[:batch], max_query_len=tokens, max_seq_len=self.max_seq_len,
+            graphed=True)
+        hidden = self.model(self.input_ids[:tokens], self.backend, meta)
+        return hidden, self.model.compute_logits(hidden[self.sample_index[:self.logit_rows(tokens)]])
 
     @torch.no_grad()
     def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]]):
@@ -143,3 +195,34 @@ class GraphRunner:
         graph.replay()
         hidden, logits = graph.outputs
         return hidden[:n], logits[:n]
+
+    @torch.no_grad()
+    def run_mixed(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int]):
+        """A step with prefill chunks or several tokens per sequence: refill the mixed buffers,
+        replay the token bucket's graph, and return (hidden of the real rows, logits of
+        sample_rows)."""
+        if not self.graphs:
+            self.capture_all()
+        bs, n = self.block_size, len(token_ids)
+        tokens, batch = self.token_bucket_for(n), self.buckets[-1]
+        positions, slots, cu, tables = [], [], [0], []
+        for cached, new, table in seqs:
+            for p in range(cached, cached + new):
+                positions.append(p)
+                slots.append(table[p // bs] * bs + p % bs)
+            cu.append(cu[-1] + new)
+            used = table[:self.width]
+            tables += used + [self.dummy_block] * (self.width - len(used))
+        empty = batch - len(seqs)  # sequence slots with no tokens: nothing to attend
+        pad = tokens - n  # token rows of no sequence: their K/V go to the dummy block
+        upload(self.input_ids, token_ids + [0] * pad)
+        upload(self.positions, positions + [0] * pad)
+        upload(self.slot_mapping, slots + [self.dummy_block * bs] * pad)
+        upload(self.mixed_cu_seqlens_q, cu + [n] * empty)
+        upload(self.seq_lens, [c + k for c, k, _ in seqs] + [0] * empty)
+        upload(self.block_tables.view(-1), tables + [self.dummy_block] * (empty * self.width))
+        upload(self.sample_index, sample_rows + [0] * (self.sample_index.shape[0] - len(sample_rows)))
+        graph = self.mixed_graphs[tokens]
+        graph.replay()
+        hidden, logits = graph.outputs
+        return hidden[:n], logits[:len(sample_rows)]

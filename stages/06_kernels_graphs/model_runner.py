@@ -8,8 +8,9 @@ The attention backend, chosen by name, builds the step's metadata from those vie
 
     run(token_ids, seqs, sample_rows) -> RunOutput(logits of the sampling rows, hidden states)
 
-Decode-only steps that fit a captured graph bucket are replayed through the GraphRunner;
-prefill, mixed steps and batches past the largest bucket run eagerly.
+Steps that fit a captured graph bucket are replayed through the GraphRunner: decode-only
+steps by batch size, mixed steps (prefill chunks, verifications) by token count. Steps past
+the largest buckets run eagerly.
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ class ModelRunner:
         max_seq_len = max(c + n for c, n, _ in seqs)
         if self.graphs and all(n == 1 for _, n, _ in seqs) and self.graphs.fits(len(seqs), max_seq_len):
             hidden, logits = self.graphs.run(token_ids, seqs)  # every decode row samples
+            return RunOutput(logits, hidden, graphed=True)
+        if self.graphs and self.graphs.fits_mixed(len(token_ids), len(seqs), max_seq_len, len(sample_rows)):
+            hidden, logits = self.graphs.run_mixed(token_ids, seqs, sample_rows)
             return RunOutput(logits, hidden, graphed=True)
         ids, meta = self.prepare(token_ids, seqs)
         hidden = self.model(ids, self.backend, meta)

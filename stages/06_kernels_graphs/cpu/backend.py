@@ -62,7 +62,11 @@ class CpuPagedBackend(TorchPagedBackend):
         return NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
 
     def rows(self, meta: KernelMetadata) -> NativeRows:
-        """The step's rows: its plan, or for a decode step without host lengths one row per sequence."""
+        """The step's rows: its plan; for a captured step (no host lengths), found on the device."""
+        if meta.plan is None and not meta.is_decode:  # a mixed step: each row's sequence by searchsorted
+            every = torch.arange(meta.positions.shape[0], device=meta.positions.device)
+            seqs = torch.searchsorted(meta.cu_seqlens_q[1:], every, right=True)
+            return NativeRows(every, seqs.clamp(max=meta.seq_lens.shape[0] - 1), meta.positions + 1)
         if meta.plan is None:
             every = torch.arange(meta.seq_lens.shape[0], device=meta.seq_lens.device)
             return NativeRows(every, every, meta.seq_lens)
