@@ -234,8 +234,10 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if B == 0:
         return out
-    if q.stride(-1) != 1:  # the kernel reads each head as a contiguous vector
-        q = q.contiguous()
+    # The kernel reads a head, a table row and the length vectors as contiguous runs.
+    q, block_tables, seq_lens = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, block_tables, seq_lens))
+    if query_start is not None and query_start.stride(-1) != 1:
+        query_start = query_start.contiguous()
     dest = out if out.stride(-1) == 1 else torch.empty(q.shape, dtype=out.dtype, device=out.device)
     if dest is not out and query_start is not None:
         dest.copy_(out)  # the rows this kernel skips must come back as they were
@@ -297,8 +299,11 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
     bf16 pools of 16-token pages and int64 tables (the engine's), SmolLM2-135M (9 heads over 3),
     Llama-3.2-1B (32 over 8) and a head-dim-128 model, with max_splits 1 (no merge) and with the
     splits one sequence gets from a graph's 128-column table (attention and merge kernels).
-    Each dict: name, kernel, signature, constexprs, num_warps, num_stages, and attrs (the
-    params a real launch sees as multiples of 16: every pointer and the strides)."""
+    Each dict: name, kernel, signature, constexprs, num_warps, num_stages, and attrs: the
+    params a real launch sees as multiples of 16 (every pointer, every stride), for
+    ASTSource(attrs={(index,): [["tt.divisibility", 16]]}). They matter: without them the
+    compiler cannot prove a K row 16-byte aligned, loads it element by element instead of by
+    cp.async, and at head dim 128 spills registers."""
     page, table_width = 16, 128
     pointers = ["q_ptr", "k_ptr", "v_ptr", "o_ptr", "part_o_ptr", "part_lse_ptr", "bt_ptr", "seq_lens_ptr",
                 "query_start_ptr"]

@@ -222,14 +222,23 @@ def test_sm90_compile_uses_wgmma_async_copies_and_no_spills():
 
 # ---- on a GPU: the same equalities, compiled ---------------------------------------------------
 
+def _gpu_case(num_heads=32, num_kv_heads=8, head_dim=64, dtype=torch.bfloat16):
+    """Lengths that take 1, 1, 3, 4 and 8 splits of 256 keys when 8 are allowed."""
+    return make_paged_case([1, 77, 513, 1000, 2049], [1] * 5, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                           head_dim=head_dim, block_size=16, dtype=dtype, device="cuda")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 3e-3)])
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(9, 3, 64), (32, 8, 64), (32, 8, 128), (8, 8, 128)])
 @pytest.mark.parametrize("max_splits", [1, 8])
-def test_compiled_kernel_matches_reference(dtype, tol, num_heads, num_kv_heads, head_dim, max_splits):
-    case = make_paged_case([1, 77, 513, 1000, 2049], [1] * 5, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                           head_dim=head_dim, block_size=16, dtype=dtype, device="cuda")
-    _check(case, tol, max_splits=max_splits)
+def test_compiled_bf16_kernel_matches_reference(num_heads, num_kv_heads, head_dim, max_splits):
+    _check(_gpu_case(num_heads, num_kv_heads, head_dim), 3e-2, max_splits=max_splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.float16, 3e-3)])
+def test_compiled_fp32_and_fp16_kernels_match_reference(dtype, tol):
+    _check(_gpu_case(dtype=dtype), tol, max_splits=8)
 
 
 @pytest.mark.gpu
