@@ -27,14 +27,15 @@ little with it, so what it needs is many bytes in flight. This kernel changes fo
 
 4. Split-KV per request (FlashDecoding). Few long sequences give too few programs to fill
    the GPU, so each sequence's keys are cut into splits, one program each, and merged by
-   their log-sum-exp. The lesson's kernel splits every sequence into as many column ranges
-   as the block table is wide (128 in a graph), which leaves short sequences mostly empty
-   splits. Here the grid is fixed, (B, Hkv, max_splits) from shapes only, and each program
-   works out ON THE DEVICE how many splits its own sequence needs: at least
-   `min_keys_per_split` keys each, never more than max_splits, never an empty one. A
-   sequence with one split is written straight to `out` and the merge kernel skips it; with
-   max_splits == 1 the merge is not launched at all. No host reads a device value, so the
-   call can be captured in a CUDA graph.
+   their log-sum-exp. The lesson's kernel cuts the block table's columns into equal ranges,
+   and a table is 128 columns wide in a graph, so a short sequence's later splits hold no
+   keys and still cost a program and a merge. Here the grid is fixed, (B, Hkv, max_splits)
+   from shapes only, and each program works out ON THE DEVICE how many splits its own
+   sequence needs: at least `min_keys_per_split` keys each, never more than max_splits,
+   never an empty one (SGLang's Triton backend also keeps a per-request split count on the
+   device). A sequence with one split is written straight to `out` and the merge kernel
+   skips it; with max_splits == 1 the merge is not launched at all. No host reads a device
+   value, so the call can be captured in a CUDA graph.
 
 `query_start` (cu_seqlens_q) lets a mixed step run this kernel and the prefill kernel side
 by side on the same q and out. Sequence b's query row is query_start[b], and it is attended
