@@ -62,6 +62,10 @@ LOG2E = math.log2(math.e)
 HEADS_PADDED = 16  # the group's query heads padded to the narrow side of the MMA
 
 
+def _heads_tile(group: int) -> int:
+    return max(HEADS_PADDED, triton.next_power_of_2(group))  # a group wider than 16: the next power of two
+
+
 @triton.jit
 def _request_splits(seq_len, MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr):
     """(splits, keys per split) for one sequence, on the device. Every split gets whole tiles,
@@ -243,7 +247,6 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
     if dest is not out and query_start is not None:
         dest.copy_(out)  # the rows this kernel skips must come back as they were
     group = H // hkv
-    assert group <= HEADS_PADDED, "a GQA group wider than 16 heads needs a wider head tile"
     tiles = decode_tiles(_capability(q.device), D, k_cache.dtype)
     dot_16bit = q.is_cuda and k_cache.dtype in (torch.float16, torch.bfloat16)
     block_d = max(16, triton.next_power_of_2(D))
@@ -259,7 +262,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
         float(scale) * LOG2E,
         q.stride(0), q.stride(1), dest.stride(0), dest.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_H=HEADS_PADDED, PAGE=page, BLOCK_N=tiles.block_n,
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_H=_heads_tile(group),
+        PAGE=page, BLOCK_N=tiles.block_n,
         MAX_SPLITS=max_splits, MIN_KEYS=tiles.min_keys_per_split, HAS_QUERY_START=has_query_start,
         DOT_16BIT=dot_16bit, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
@@ -316,7 +320,8 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
         block_d = max(16, triton.next_power_of_2(head_dim))
         for max_splits in (1, choose_max_splits(1, kv_heads, table_width)):
             attention = {
-                "HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": heads // kv_heads, "BLOCK_H": HEADS_PADDED,
+                "HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": heads // kv_heads,
+                "BLOCK_H": _heads_tile(heads // kv_heads),
                 "PAGE": page, "BLOCK_N": tiles.block_n, "MAX_SPLITS": max_splits,
                 "MIN_KEYS": tiles.min_keys_per_split, "HAS_QUERY_START": True, "DOT_16BIT": True,
             }

@@ -88,6 +88,12 @@ def test_pages_smaller_and_larger_than_a_tile(block_size):
     _check(_case(block_size=block_size, seed=block_size), max_splits=3)
 
 
+@pytest.mark.parametrize("num_heads, head_dim", [(16, 80), (32, 48)])
+def test_wide_groups_and_head_dims_not_a_power_of_two(num_heads, head_dim):
+    """One KV head for 16 or 32 query heads (the head tile widens past 16), and D padded to 128 / 64."""
+    _check(_case([5, 20], num_heads=num_heads, num_kv_heads=1, head_dim=head_dim, seed=num_heads), max_splits=2)
+
+
 def test_more_splits_allowed_than_any_sequence_needs(monkeypatch):
     """max_splits 8: the grid has 8 splits per sequence, each sequence uses 1 to 3 of them.
     The scratch starts as NaN, so a merge that read a split nobody wrote would show."""
