@@ -219,39 +219,65 @@ def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_ta
 
 
 class TritonPagedBackend(KernelBackend):
-    """Stage 06's kernels: the KV scatter, then one attention launch per layer: the decode
-    kernel (split-K for long contexts) when every sequence decodes, else the varlen kernel,
-    which takes prefill chunks and decodes side by side."""
+    """Stage 06's kernels: the KV scatter, then the attention launches of each layer.
+
+    kernels="lesson": this folder's kernels, written to be read. The decode kernel (split-K
+    for long contexts) when every sequence decodes, else the varlen kernel, which takes
+    prefill chunks and decodes side by side, its grid sized by the longest query.
+    kernels="gpu" (the default): the gpu/ room's kernels, built for a Hopper GPU. Tensor-core
+    decode with split-KV per request; a mixed step launches both kernels on the same q and out,
+    the prefill kernel on the chunks (own keys from the fresh projection) and the decode
+    kernel on the single-token rows, each with a grid that depends on shapes alone."""
 
     name = "triton"
     fused_ops = "triton"
+    KERNELS = ("gpu", "lesson")
 
-    def __init__(self, cache: PagedKVCache, num_splits: int | None = None):
+    def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "gpu"):
         super().__init__(cache)
-        self.num_splits = num_splits  # None: chosen per step from the batch shape
+        if kernels not in self.KERNELS:
+            raise ValueError(f"unknown triton kernels {kernels!r}; choose one of {list(self.KERNELS)}")
+        self.num_splits, self.kernels = num_splits, kernels  # num_splits None: chosen per step from the shape
         self.num_sms = (torch.cuda.get_device_properties(cache.k.device).multi_processor_count
                         if cache.k.is_cuda else 1)  # the interpreter gains nothing from splits
 
     def build_metadata(self, *, max_seq_len: int, **kw) -> KernelMetadata:
         from .decode_attention import choose_num_splits
+        from .gpu.decode_attention import choose_max_splits
 
         meta = super().build_metadata(max_seq_len=max_seq_len, **kw)
         max_blocks = -(-max_seq_len // self.cache.block_size)
-        meta.num_splits = self.num_splits or choose_num_splits(meta.num_seqs, self.cache.k.shape[3], max_blocks,
-                                                                self.num_sms)
+        choose = choose_max_splits if self.kernels == "gpu" else choose_num_splits
+        meta.num_splits = self.num_splits or choose(meta.num_seqs, self.cache.k.shape[3], max_blocks, self.num_sms)
         return meta
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
-        from .decode_attention import paged_decode_attention
         from .kv_write import write_kv
-        from .prefill_attention import varlen_paged_attention
 
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
         write_kv(k, v, k_pool, v_pool, meta.slot_mapping)
+        out = torch.zeros_like(q) if meta.graphed else torch.empty_like(q)  # bucket padding rows: zeros
+        if self.kernels == "lesson":
+            return self._lesson(q, k_pool, v_pool, meta, out)
+        from .gpu.decode_attention import paged_decode_attention
+        from .gpu.prefill_attention import varlen_attention
+
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
-                                          num_splits=meta.num_splits)
-        out = torch.zeros_like(q) if meta.graphed else None  # bucket padding rows: zeros, not stale memory
+                                          max_splits=meta.num_splits, out=out)
+        varlen_attention(q, k, v, k_pool, v_pool, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
+                         out=out, skip_decodes=True)
+        return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
+                                      query_start=meta.cu_seqlens_q, max_splits=meta.num_splits, out=out)
+
+    @staticmethod
+    def _lesson(q, k_pool, v_pool, meta: KernelMetadata, out):
+        from .decode_attention import paged_decode_attention
+        from .prefill_attention import varlen_paged_attention
+
+        if meta.is_decode:
+            return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
+                                          num_splits=meta.num_splits, out=out)
         return varlen_paged_attention(q, k_pool, v_pool, meta.cu_seqlens_q, meta.seq_lens,
                                       meta.block_tables, meta.max_query_len, out=out)
 

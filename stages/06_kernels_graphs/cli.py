@@ -1,7 +1,7 @@
 """`python -m course.s06_kernels_graphs`: stage 04's command line, plus the choice of attention
-backend, fused kernels and decode graphs. Without CUDA the Triton backend runs through the
+backend, its kernels, fused kernels and graphs. Without CUDA the Triton backend runs through the
 interpreter (same code path, very slow: tiny models only) and `--cuda-graphs` uses the eager
-stand-in (graph_runner.py), which checks that every decode step could be captured."""
+stand-in (graph_runner.py), which checks that every step it replays could be captured."""
 from __future__ import annotations
 
 import sys
@@ -16,9 +16,13 @@ from .engine import KernelEngineConfig, LLMEngine
 
 def add_args(group) -> None:
     group.add_argument("--backend", choices=sorted(BACKENDS), default="torch", help="attention backend")
-    group.add_argument("--cuda-graphs", action="store_true", help="replay decode steps from captured graphs")
+    group.add_argument("--kernels", choices=["gpu", "lesson"], default="gpu",
+                       help="the Triton backend's kernels: gpu/'s tensor-core ones or the lesson's")
+    group.add_argument("--cuda-graphs", action="store_true", help="replay steps from captured graphs")
     group.add_argument("--fused", action="store_true", help="merged QKV/gate-up, fused add+RMSNorm and RoPE")
     group.add_argument("--graph-max-seq-len", type=int, default=2048)
+    group.add_argument("--graph-max-num-tokens", type=int, default=512,
+                       help="largest token bucket of captured mixed steps (0: decode steps only)")
     group.add_argument("--num-splits", type=int, help="Triton decode split-K partitions (default: per step)")
 
 
@@ -28,7 +32,8 @@ def make_engine(loaded, args, config: dict) -> LLMEngine:
             (["the Triton kernels run through the interpreter (slow)"] if args.backend == "triton" else []) +
             (["graphs use the eager stand-in under the sync guard"] if args.cuda_graphs else [])), file=sys.stderr)
     kernel = KernelEngineConfig(**config, attention_backend=args.backend, cuda_graphs=args.cuda_graphs,
-                                fused=args.fused, graph_max_seq_len=args.graph_max_seq_len, num_splits=args.num_splits)
+                                fused=args.fused, graph_max_seq_len=args.graph_max_seq_len, num_splits=args.num_splits,
+                                graph_max_num_tokens=args.graph_max_num_tokens, triton_kernels=args.kernels)
     return LLMEngine(loaded.model, loaded.tokenizer, kernel, loaded.eos_token_ids)
 
 

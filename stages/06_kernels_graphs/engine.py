@@ -31,6 +31,7 @@ class KernelEngineConfig(EngineConfig):
     graph_max_num_tokens: int = 512      # largest token bucket of captured mixed steps (prefill chunks,
                                          # verifications); 0: capture decode steps only
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
+    triton_kernels: str = "gpu"          # "gpu" (gpu/: tensor cores, shape-only grids) or "lesson"
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
     cpu: CpuSettings = field(default_factory=CpuSettings)  # what only the CPU needs (cpu/settings.py)
     # the CPU settings may also be given one by one (final/'s command line does): they land in `cpu`
@@ -61,7 +62,7 @@ class LLMEngine(BatchingEngine):
         if config.fused:  # same weights, fewer kernels; int8 or split linears where the CPU settings say
             model = config.cpu.prepare(FusedCausalLM(model))
         super().__init__(model, tokenizer, config, eos_token_ids, **kw)
-        options = {"triton": {"num_splits": config.num_splits}, "cpu": {"settings": config.cpu}}
+        options = {"triton": {"num_splits": config.num_splits, "kernels": config.triton_kernels}, "cpu": {"settings": config.cpu}}
         self.attn = make_backend(config.attention_backend, self.cache, **options.get(config.attention_backend, {}))
         if config.fused:  # the backend's ops, and its whole-layer kernels where it offers them
             model.follow(self.attn)
