@@ -11,6 +11,7 @@ from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.model_runner import ModelRunner
 
 SHARED = b"You are a helpful assistant. "
 PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
@@ -97,18 +98,26 @@ def test_runner_returns_hidden_states_of_every_row(byte_tok):
 
 
 # ---- the Triton backend, through the interpreter (slow: two configs, short outputs) ----------
-TRITON_RUNS = [(name, False) for name in sorted(TINY_CONFIGS)] + [("gqa_tied", True), ("qwen2_bias", True)]
+TRITON_RUNS = ([(name, False, "gpu") for name in sorted(TINY_CONFIGS)]
+               + [("gqa_tied", True, "gpu"), ("qwen2_bias", True, "gpu"), ("gqa_tied", False, "lesson"),
+                  ("qwen2_bias", True, "lesson")])
 
 
-@pytest.mark.parametrize("name, graphs", TRITON_RUNS, ids=[f"{n}-{'graphs' if g else 'eager'}" for n, g in TRITON_RUNS])
-def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, name, graphs):
+@pytest.mark.parametrize("name, graphs, kernels", TRITON_RUNS,
+                         ids=[f"{n}-{'graphs' if g else 'eager'}-{k}" for n, g, k in TRITON_RUNS])
+def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, name, graphs, kernels):
+    """Both kernel sets, eager and graphed. With graphs every step replays one: the token
+    budget (12) fits the largest mixed bucket, so prefill steps are captured too."""
     model = tiny_model(name)
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     want = stage04(model, byte_tok, params, "roomy")
+    graphed, run = [], ModelRunner.run
+    monkeypatch.setattr(ModelRunner, "run", lambda self, *a: graphed.append((out := run(self, *a)).graphed) or out)
     got, engine = stage06(model, byte_tok, params, "roomy", attention_backend="triton", cuda_graphs=graphs,
-                          fused=graphs)  # fused Triton norm/RoPE ride along with the graph runs
+                          fused=graphs, triton_kernels=kernels)  # fused Triton norm/RoPE ride along with graphs
     assert got == want
     assert engine.stats()["backend"] == "triton"
+    assert all(graphed) if graphs else not any(graphed)
 
 
 def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
