@@ -16,7 +16,8 @@ measured in the same run, and whether the goal is met:
              replayed a graph
   tests      the GPU tests, and the sm_90 compile report's test (tensor-core ops, no spills)
 
-A figure missing from the files (a part that timed out, a room kernel that failed) shows as
+A kernel goal is met only if the kernel's output also matched its float32 reference (within a
+few 1e-3 of its norm in bf16); a wrong one is marked WRONG. A figure missing from the files (a part that timed out, a room kernel that failed) shows as
 "no data" and fails its goal. In a dry run (gpu_check.sh --dry-run) the figures come from the
 CPU and mean nothing: the table then proves only that every goal is measured and read back.
 """
@@ -45,6 +46,11 @@ def find(rows: list[dict], **match) -> dict:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), {})
 
 
+def wrong(row: dict) -> str:
+    """A fast kernel that computes the wrong thing meets no goal: its figure says so."""
+    return "" if row.get("correct") else f" WRONG (rel err {row.get('rel_err', float('nan')):.1e})"
+
+
 def goal(name, target, lesson="no data", room="no data", of_ceiling=None, passed=False) -> dict:
     return {"goal": name, "target": target, "lesson": lesson, "room": room, "of_ceiling": of_ceiling,
             "pass": bool(passed)}
@@ -56,15 +62,16 @@ def decode_goals(rows: list[dict], read_gbps: float | None) -> list[dict]:
         for d in HEAD_DIMS:
             lesson, room = (find(rows, kernel="decode", case=case, head_dim=d, impl=i) for i in ("lesson", "room"))
             share = lambda r: r["GBps"] / read_gbps if "GBps" in r and read_gbps else None  # noqa: E731
-            shown = lambda r: f"{100 * share(r):.1f}% ({r['us']:.0f} us)" if share(r) is not None else "no data"  # noqa: E731
+            shown = lambda r: f"{100 * share(r):.1f}% ({r['us']:.0f} us){wrong(r)}" if share(r) is not None else "no data"  # noqa: E731
             goals.append(goal(f"decode {case}, D {d}", f">= {100 * READ_SHARE:.0f}% of read bw", shown(lesson),
-                              shown(room), share(room), (share(room) or 0) >= READ_SHARE))
+                              shown(room), share(room), (share(room) or 0) >= READ_SHARE and room.get("correct")))
     for d in HEAD_DIMS:
         lesson, room = (find(rows, kernel="decode", case="1 x 8,192", head_dim=d, impl=i) for i in ("lesson", "room"))
-        shown = lambda r: f"{r['us']:.1f} us" if "us" in r else "no data"  # noqa: E731
+        shown = lambda r: f"{r['us']:.1f} us{wrong(r)}" if "us" in r else "no data"  # noqa: E731
         floor = room["bytes"] / (read_gbps * 1e9) * 1e6 if "us" in room and read_gbps else None
         goals.append(goal(f"decode 1 x 8,192, D {d}", f"<= {SINGLE_US:.0f} us", shown(lesson), shown(room),
-                          floor / room["us"] if floor else None, "us" in room and room["us"] <= SINGLE_US))
+                          floor / room["us"] if floor else None,
+                          "us" in room and room["us"] <= SINGLE_US and room.get("correct")))
     return goals
 
 
@@ -73,11 +80,11 @@ def prefill_goals(rows: list[dict], gemm_tflops: float | None) -> list[dict]:
     for case, need in (("1 x 2,048", PREFILL_VS_SDPA), ("4 x 1,024", PREFILL_VS_SDPA), ("256 over 4,096", CHUNK_VS_SDPA)):
         for d in HEAD_DIMS:
             lesson, room = (find(rows, kernel="prefill", case=case, head_dim=d, impl=i) for i in ("lesson", "room"))
-            shown = lambda r: f"x{r['vs_sdpa']:.2f} ({r['TFLOPs']:.0f} TFLOP/s)" if "vs_sdpa" in r else "no data"  # noqa: E731
+            shown = lambda r: f"x{r['vs_sdpa']:.2f} ({r['TFLOPs']:.0f} TFLOP/s){wrong(r)}" if "vs_sdpa" in r else "no data"  # noqa: E731
             name = f"prefill {case}, D {d}" if "over" not in case else f"chunk {case} cached, D {d}"
             goals.append(goal(name, f">= {need}x SDPA", shown(lesson), shown(room),
                               room["TFLOPs"] / gemm_tflops if "TFLOPs" in room and gemm_tflops else None,
-                              room.get("vs_sdpa", 0) >= need))
+                              room.get("vs_sdpa", 0) >= need and room.get("correct")))
     return goals
 
 

@@ -36,7 +36,8 @@ def build_engine(model, seqs: int, context: int, max_tokens: int) -> LLMEngine:
     pages = -(-context // BLOCK)
     config = KernelEngineConfig(num_blocks=seqs * pages + 8, block_size=BLOCK, max_num_seqs=seqs,
                                 max_num_batched_tokens=max_tokens, fused=True, cuda_graphs=True,
-                                attention_backend="triton", graph_max_seq_len=context)
+                                attention_backend="triton")
+    assert context <= config.graph_max_seq_len, "past the graphs' longest sequence every step runs eagerly"
     engine = LLMEngine(model, byte_tokenizer(), config)
     engine.cache.k.normal_()  # attention reads real numbers, never zeros
     engine.cache.v.normal_()
