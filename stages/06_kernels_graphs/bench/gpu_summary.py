@@ -51,9 +51,11 @@ def wrong(row: dict) -> str:
     return "" if row.get("correct") else f" WRONG (rel err {row.get('rel_err', float('nan')):.1e})"
 
 
-def goal(name, target, lesson="no data", room="no data", of_ceiling=None, passed=False) -> dict:
+def goal(name, target, lesson="no data", room="no data", of_ceiling=None, passed=False, values=(None, None)) -> dict:
+    """One row; `values`: the lesson's and the room's figure as a number in the target's unit
+    (a fraction of the ceiling, microseconds, a ratio), for a README to quote."""
     return {"goal": name, "target": target, "lesson": lesson, "room": room, "of_ceiling": of_ceiling,
-            "pass": bool(passed)}
+            "pass": bool(passed), "lesson_value": values[0], "room_value": values[1]}
 
 
 def decode_goals(rows: list[dict], read_gbps: float | None) -> list[dict]:
@@ -64,14 +66,16 @@ def decode_goals(rows: list[dict], read_gbps: float | None) -> list[dict]:
             share = lambda r: r["GBps"] / read_gbps if "GBps" in r and read_gbps else None  # noqa: E731
             shown = lambda r: f"{100 * share(r):.1f}% ({r['us']:.0f} us){wrong(r)}" if share(r) is not None else "no data"  # noqa: E731
             goals.append(goal(f"decode {case}, D {d}", f">= {100 * READ_SHARE:.0f}% of read bw", shown(lesson),
-                              shown(room), share(room), (share(room) or 0) >= READ_SHARE and room.get("correct")))
+                              shown(room), share(room), (share(room) or 0) >= READ_SHARE and room.get("correct"),
+                              (share(lesson), share(room))))
     for d in HEAD_DIMS:
         lesson, room = (find(rows, kernel="decode", case="1 x 8,192", head_dim=d, impl=i) for i in ("lesson", "room"))
         shown = lambda r: f"{r['us']:.1f} us{wrong(r)}" if "us" in r else "no data"  # noqa: E731
         floor = room["bytes"] / (read_gbps * 1e9) * 1e6 if "us" in room and read_gbps else None
         goals.append(goal(f"decode 1 x 8,192, D {d}", f"<= {SINGLE_US:.0f} us", shown(lesson), shown(room),
                           floor / room["us"] if floor else None,
-                          "us" in room and room["us"] <= SINGLE_US and room.get("correct")))
+                          "us" in room and room["us"] <= SINGLE_US and room.get("correct"),
+                          (lesson.get("us"), room.get("us"))))
     return goals
 
 
@@ -84,7 +88,8 @@ def prefill_goals(rows: list[dict], gemm_tflops: float | None) -> list[dict]:
             name = f"prefill {case}, D {d}" if "over" not in case else f"chunk {case} cached, D {d}"
             goals.append(goal(name, f">= {need}x SDPA", shown(lesson), shown(room),
                               room["TFLOPs"] / gemm_tflops if "TFLOPs" in room and gemm_tflops else None,
-                              room.get("vs_sdpa", 0) >= need and room.get("correct")))
+                              room.get("vs_sdpa", 0) >= need and room.get("correct"),
+                              (lesson.get("vs_sdpa"), room.get("vs_sdpa"))))
     return goals
 
 
@@ -100,14 +105,15 @@ def step_goals(mixed: dict) -> list[dict]:
         goal("mixed step (4 x 64 prefill + 60 decodes) / 64 decodes", f"<= {MIXED_VS_DECODE}x, graphed",
              eager("mixed"), f"x{ratio:.2f} ({ms('graphs', 'mixed')} / {ms('graphs', 'decode')} ms),"
              f" graphed {yes('mixed')} / {yes('decode')}" if ratio else "no data",
-             None, ratio is not None and ratio <= MIXED_VS_DECODE and graphed.get("mixed") and graphed.get("decode")),
+             None, ratio is not None and ratio <= MIXED_VS_DECODE and graphed.get("mixed") and graphed.get("decode"),
+             (None, ratio)),
         goal("verification step (64 x 4 tokens)", "graphed", eager("verify"),
              f"x{verify:.2f} of decode ({ms('graphs', 'verify')} ms), graphed {yes('verify')}" if verify else "no data",
-             None, graphed.get("verify")),
+             None, graphed.get("verify"), (None, verify)),
     ]
 
 
-def test_goals(tests: dict) -> list[dict]:
+def suite_goals(tests: dict) -> list[dict]:
     shown = lambda rc: "no data" if rc is None else "passed" if rc == 0 else f"failed (exit {rc})"  # noqa: E731
     return [goal("GPU tests (-m gpu): kernels, graph replay", "pass", "-",
                  shown(tests.get("gpu_tests_rc")), None, tests.get("gpu_tests_rc") == 0),
@@ -127,7 +133,7 @@ def run(args) -> dict:
     tests = load(args.outdir, args.card, "tests")
     rows = attention.get("rows", [])
     goals = (decode_goals(rows, ceilings.get("read_GBps")) + prefill_goals(rows, ceilings.get("gemm_TFLOPs"))
-             + step_goals(mixed) + test_goals(tests))
+             + step_goals(mixed) + suite_goals(tests))
     dry = any(part.get("dry_run") for part in (ceilings, attention, mixed))
     return {"card": args.card, "dry_run": dry, "goals": goals,
             "ceilings": {k: ceilings.get(k) for k in ("copy_GBps", "read_GBps", "gemm_TFLOPs")},
