@@ -14,11 +14,12 @@
 #   tests      60+60  CARD_tests.json        the GPU tests (-m gpu: kernels equal their references, graph
 #                                            replay equals eager) and the sm_90 compile report's test; exit codes
 #   ceilings   45 s   CARD_ceilings.json     copy and read bandwidth, bf16 GEMM (bench/ceilings.py)
-#   attention  180 s  CARD_attention.json    paged decode and varlen prefill, lesson vs room vs SDPA (bench/bench_attention.py)
+#   attention  90+90  CARD_decode.json       paged decode, lesson vs room (bench/bench_attention.py --parts decode)
+#                     CARD_prefill.json      varlen prefill, lesson vs room vs SDPA (... --parts prefill)
 #   steps      150 s  CARD_mixed_step.json   mixed and verification steps vs a decode step, 1B shape (bench/mixed_step.py)
 #   summary    30 s   CARD_summary.json      the goals table from the files above (bench/gpu_summary.py)
 #
-# and CARD_log.txt, everything printed: six files (the lent machine returns at most eight). The
+# and CARD_log.txt, everything printed: seven files (the lent machine returns at most eight). The
 # lesson's own sweeps run only when named: tune (150 s), kernels (100 s), step (300 s, two files).
 # The README quotes these files from results/gpu/, where they are copied as written.
 #
@@ -89,7 +90,10 @@ for name in $PARTS; do
     attention)
         ceilings=()
         [ -f "$OUT/${CARD}_ceilings.json" ] && ceilings=(--ceilings "$OUT/${CARD}_ceilings.json")
-        part 180 $PY -m course.s06_kernels_graphs.bench.bench_attention $FLAG ${ceilings[@]+"${ceilings[@]}"} --json "$OUT/${CARD}_attention.json" ;;
+        for kind in decode prefill; do  # two runs, two files: one that hits its limit keeps the other's
+            part 90 $PY -m course.s06_kernels_graphs.bench.bench_attention $FLAG --parts $kind \
+                ${ceilings[@]+"${ceilings[@]}"} --json "$OUT/${CARD}_$kind.json"
+        done ;;
     steps)
         part 150 $PY -m course.s06_kernels_graphs.bench.mixed_step $FLAG --json "$OUT/${CARD}_mixed_step.json" ;;
     summary) ;;  # always last, below

@@ -2,8 +2,8 @@
 
     python -m course.s06_kernels_graphs.bench.gpu_summary OUTDIR --card h100 [--json out.json]
 
-Reads what gpu_check.sh wrote into OUTDIR for one card (CARD_ceilings.json, CARD_attention.json,
-CARD_mixed_step.json, CARD_tests.json) and prints, for every goal, its target, the lesson's
+Reads what gpu_check.sh wrote into OUTDIR for one card (CARD_ceilings.json, CARD_decode.json and
+CARD_prefill.json or one CARD_attention.json with both, CARD_mixed_step.json, CARD_tests.json) and prints, for every goal, its target, the lesson's
 kernel and the gpu/ room's kernel side by side, the room's figure as a share of the ceiling
 measured in the same run, and whether the goal is met:
 
@@ -128,13 +128,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     ceilings = load(args.outdir, args.card, "ceilings")
-    attention = load(args.outdir, args.card, "attention")
     mixed = load(args.outdir, args.card, "mixed_step")
     tests = load(args.outdir, args.card, "tests")
-    rows = attention.get("rows", [])
+    attention = [load(args.outdir, args.card, part) for part in ("attention", "decode", "prefill")]
+    rows = [row for part in attention for row in part.get("rows", [])]
     goals = (decode_goals(rows, ceilings.get("read_GBps")) + prefill_goals(rows, ceilings.get("gemm_TFLOPs"))
              + step_goals(mixed) + suite_goals(tests))
-    dry = any(part.get("dry_run") for part in (ceilings, attention, mixed))
+    dry = any(part.get("dry_run") for part in (ceilings, *attention, mixed))
     return {"card": args.card, "dry_run": dry, "goals": goals,
             "ceilings": {k: ceilings.get(k) for k in ("copy_GBps", "read_GBps", "gemm_TFLOPs")},
             "met": sum(g["pass"] for g in goals), "of": len(goals)}

@@ -24,8 +24,9 @@ def dry_run(tmp_path_factory):
     """Each Python part of gpu_check.sh --dry-run, as the script calls it; returns the folder."""
     out = tmp_path_factory.mktemp("gpu_check")
     ceilings.main(["--dry-run", "--json", str(out / "dry_ceilings.json")])
-    bench_attention.main(["--dry-run", "--ceilings", str(out / "dry_ceilings.json"),
-                          "--json", str(out / "dry_attention.json")])
+    for kind in ("decode", "prefill"):
+        bench_attention.main(["--dry-run", "--parts", kind, "--ceilings", str(out / "dry_ceilings.json"),
+                              "--json", str(out / f"dry_{kind}.json")])
     mixed_step.main(["--dry-run", "--json", str(out / "dry_mixed_step.json")])
     (out / "dry_tests.json").write_text(json.dumps({"dry_run": True, "gpu_tests_rc": 0, "compile_report_rc": 0}))
     return out
@@ -43,7 +44,7 @@ def test_the_summary_has_a_row_for_every_goal_and_prints_it_last(dry_run, capsys
 
 
 def test_every_kernel_row_is_measured_and_checked(dry_run):
-    rows = json.loads((dry_run / "dry_attention.json").read_text())["rows"]
+    rows = [row for kind in ("decode", "prefill") for row in json.loads((dry_run / f"dry_{kind}.json").read_text())["rows"]]
     lesson = [r for r in rows if r["impl"] == "lesson"]
     assert len(lesson) == 12 and all("error" not in r for r in lesson)
     assert all(r["correct"] and r["rel_err"] < 1e-4 and r["us"] > 0 for r in lesson)  # fp32, interpreted: exact
