@@ -35,6 +35,7 @@ SINGLE_US = 15.0     # one sequence x 8,192: microseconds, reduce included
 PREFILL_VS_SDPA = 0.8
 CHUNK_VS_SDPA = 0.6
 MIXED_VS_DECODE = 1.3
+REPLAY_DIFF = 0.1    # a replay's logits against the eager step's, relative (bf16 rounding: ~1e-2)
 
 
 def load(outdir: Path, card: str, part: str) -> dict:
@@ -94,22 +95,26 @@ def prefill_goals(rows: list[dict], gemm_tflops: float | None) -> list[dict]:
 
 
 def step_goals(mixed: dict) -> list[dict]:
-    """The lesson's column: the step run eagerly; the room's: through the runner's graphs."""
+    """The lesson's column: the step run eagerly; the room's: through the runner's graphs. A
+    replay whose logits stray from the eager step's (past REPLAY_DIFF of their norm) meets nothing."""
     graphed = mixed.get("graphed", {})
-    by = {(r["mode"], r["step"]): r["step_ms"] for r in mixed.get("rows", [])}
-    ms = lambda mode, step: f"{by[(mode, step)]:.2f}" if (mode, step) in by else "?"  # noqa: E731
-    eager = lambda step: f"{ms('eager', step)} ms eager" if ("eager", step) in by else "no data"  # noqa: E731
+    runs = {(r["mode"], r["step"]): r for r in mixed.get("rows", []) if "step_ms" in r}
+    ms = lambda mode, step: f"{runs[(mode, step)]['step_ms']:.2f}" if (mode, step) in runs else "?"  # noqa: E731
+    eager = lambda step: f"{ms('eager', step)} ms eager" if ("eager", step) in runs else "no data"  # noqa: E731
+    diff = lambda step: runs.get(("graphs", step), {}).get("logits_rel_diff_vs_eager")  # noqa: E731
+    same = lambda step: diff(step) is None or diff(step) <= REPLAY_DIFF  # noqa: E731
+    replay = lambda step: f", logits vs eager {diff(step):.0e}" if diff(step) is not None else ""  # noqa: E731
     yes = lambda step: "yes" if graphed.get(step) else "no"  # noqa: E731
     ratio, verify = mixed.get("mixed_vs_decode"), mixed.get("verify_vs_decode")
     return [
         goal("mixed step (4 x 64 prefill + 60 decodes) / 64 decodes", f"<= {MIXED_VS_DECODE}x, graphed",
              eager("mixed"), f"x{ratio:.2f} ({ms('graphs', 'mixed')} / {ms('graphs', 'decode')} ms),"
-             f" graphed {yes('mixed')} / {yes('decode')}" if ratio else "no data",
-             None, ratio is not None and ratio <= MIXED_VS_DECODE and graphed.get("mixed") and graphed.get("decode"),
-             (None, ratio)),
+             f" graphed {yes('mixed')} / {yes('decode')}{replay('mixed')}" if ratio else "no data",
+             None, ratio is not None and ratio <= MIXED_VS_DECODE and graphed.get("mixed") and graphed.get("decode")
+             and same("mixed") and same("decode"), (None, ratio)),
         goal("verification step (64 x 4 tokens)", "graphed", eager("verify"),
-             f"x{verify:.2f} of decode ({ms('graphs', 'verify')} ms), graphed {yes('verify')}" if verify else "no data",
-             None, graphed.get("verify"), (None, verify)),
+             f"x{verify:.2f} of decode ({ms('graphs', 'verify')} ms), graphed {yes('verify')}{replay('verify')}"
+             if verify else "no data", None, graphed.get("verify") and same("verify"), (None, verify)),
     ]
 
 

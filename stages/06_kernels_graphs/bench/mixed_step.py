@@ -21,6 +21,7 @@ stand-in), 4 sequences: the plumbing of gpu_check.sh, with figures that mean not
 from __future__ import annotations
 
 import argparse
+import traceback
 
 import torch
 
@@ -38,10 +39,15 @@ def build_engine(model, seqs: int, context: int, max_tokens: int) -> LLMEngine:
                                 max_num_batched_tokens=max_tokens, fused=True, cuda_graphs=True,
                                 attention_backend="triton")
     assert context <= config.graph_max_seq_len, "past the graphs' longest sequence every step runs eagerly"
-    engine = LLMEngine(model, byte_tokenizer(), config)
-    engine.cache.k.normal_()  # attention reads real numbers, never zeros
-    engine.cache.v.normal_()
-    return engine
+    return LLMEngine(model, byte_tokenizer(), config)
+
+
+def fill_pool(cache) -> None:
+    """The same random pool every time (attention reads real numbers, never zeros): each step's
+    first run starts from it, so the graphed and the eager run of a step compute the same thing."""
+    g = torch.Generator(cache.k.device).manual_seed(1)
+    cache.k.normal_(generator=g)
+    cache.v.normal_(generator=g)
 
 
 def steps(seqs: int, context: int, chunks: int, chunk_tokens: int, verify_tokens: int, vocab: int) -> dict:
@@ -64,21 +70,31 @@ def steps(seqs: int, context: int, chunks: int, chunk_tokens: int, verify_tokens
             "verify": step([verify_tokens] * seqs, False)}
 
 
-def time_steps(runner, work: dict, device, reps: int, label: str) -> list[dict]:
+def time_steps(runner, work: dict, device, reps: int, label: str, cache) -> tuple[list[dict], dict]:
     """Each step run once (its graphs captured, kernels compiled: the warm-up), then the median of
-    `reps` timed runs; reps 0 keeps the first run's time (the dry run: the plumbing only)."""
-    rows = []
+    `reps` timed runs; reps 0 keeps the first run's time (the dry run: the plumbing only). A step
+    that fails leaves an "error" in its row and the others still run. Returns (rows, each step's
+    logits from its first run)."""
+    rows, logits = [], {}
     for name, (token_ids, layout, sample_rows) in work.items():
-        outs = []
-        first = timed(lambda: outs.append(runner.run(token_ids, layout, sample_rows)), device=device)
-        out = outs[0]
-        assert out.logits.shape[0] == len(sample_rows) and torch.isfinite(out.logits).all(), f"{name}: bad logits"
-        seconds = median_of(runner.run, token_ids, layout, sample_rows, repeats=reps, device=device) if reps else first
-        rows.append({"step": name, "mode": label, "tokens": len(token_ids), "seqs": len(layout),
-                     "sampled_rows": len(sample_rows), "graphed": bool(out.graphed), "step_ms": seconds * 1e3})
-        print(f"{label:6s} {name:6s} {len(token_ids):4d} tokens {len(layout):3d} seqs: {seconds * 1e3:8.2f} ms"
-              f"  graphed={out.graphed}")
-    return rows
+        row = {"step": name, "mode": label, "tokens": len(token_ids), "seqs": len(layout),
+               "sampled_rows": len(sample_rows)}
+        rows.append(row)
+        try:
+            outs = []
+            fill_pool(cache)
+            first = timed(lambda: outs.append(runner.run(token_ids, layout, sample_rows)), device=device)
+            out = outs[0]
+            assert out.logits.shape[0] == len(sample_rows) and torch.isfinite(out.logits).all(), "bad logits"
+            logits[name] = out.logits.float().cpu().clone()  # a replay's logits live in its static buffers
+            seconds = median_of(runner.run, token_ids, layout, sample_rows, repeats=reps, device=device) if reps else first
+            row |= {"graphed": bool(out.graphed), "step_ms": seconds * 1e3}
+            print(f"{label:6s} {name:6s} {len(token_ids):4d} tokens {len(layout):3d} seqs: {seconds * 1e3:8.2f} ms"
+                  f"  graphed={out.graphed}")
+        except Exception as e:  # noqa: BLE001 - one step's failure must not lose the others' figures
+            traceback.print_exc()
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+    return rows, logits
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -105,25 +121,31 @@ def run(args) -> dict:
     max_tokens = max(16, 1 << (most - 1).bit_length())  # the token bucket the largest step needs
     engine = build_engine(model, args.seqs, args.context, max_tokens)
     runner = engine.runner
-    rows = time_steps(runner, work, device, args.reps, "graphs")
+    rows, graphed_logits = time_steps(runner, work, device, args.reps, "graphs", engine.cache)
     if not dry:  # for scale: the same steps with the graphs switched off
         graphs, runner.graphs = runner.graphs, None
-        rows += time_steps(runner, work, device, args.reps, "eager")
+        eager_rows, eager_logits = time_steps(runner, work, device, args.reps, "eager", engine.cache)
         runner.graphs = graphs
-    by = {(r["mode"], r["step"]): r for r in rows}
-    decode = by[("graphs", "decode")]["step_ms"]
+        rows += eager_rows
+        for row in rows[:len(work)]:  # a replay computes what the eager step computes (bf16: to ~1e-2)
+            name = row["step"]
+            if name in graphed_logits and name in eager_logits:
+                g, e = graphed_logits[name], eager_logits[name]
+                row["logits_rel_diff_vs_eager"] = ((g - e).norm() / e.norm()).item()
+    ms = {r["step"]: r.get("step_ms") for r in rows if r["mode"] == "graphs"}
+    ratio = lambda step: ms[step] / ms["decode"] if ms.get(step) and ms.get("decode") else None  # noqa: E731
     return {"dry_run": dry, "model": args.model, "context": args.context, "seqs": args.seqs, "chunks": args.chunks,
             "chunk_tokens": args.chunk_tokens, "verify_tokens": args.verify_tokens, "max_num_batched_tokens": max_tokens,
-            "rows": rows, "mixed_vs_decode": by[("graphs", "mixed")]["step_ms"] / decode,
-            "verify_vs_decode": by[("graphs", "verify")]["step_ms"] / decode,
-            "graphed": {name: by[("graphs", name)]["graphed"] for name in work}}
+            "rows": rows, "mixed_vs_decode": ratio("mixed"), "verify_vs_decode": ratio("verify"),
+            "graphed": {r["step"]: r.get("graphed", False) for r in rows if r["mode"] == "graphs"}}
 
 
 def report(result: dict) -> None:
     if result["dry_run"]:
         print("# dry run on the CPU: the figures mean nothing")
+    ratio = lambda x: f"x{x:.2f}" if x is not None else "(failed)"  # noqa: E731
     print(f"{result['model']}, {result['seqs']} sequences at {result['context']} tokens: mixed step "
-          f"x{result['mixed_vs_decode']:.2f} of a decode step, verification x{result['verify_vs_decode']:.2f};"
+          f"{ratio(result['mixed_vs_decode'])} of a decode step, verification {ratio(result['verify_vs_decode'])};"
           f" graphed: {result['graphed']}")
 
 
