@@ -17,15 +17,24 @@ of queries and walks the keys with an online softmax. A GPU needs four more thin
    [T, Hkv, D] for its new tokens (and written them into the pool); reading them back through
    the block table would cost a page-id load per key and a gathered read. Here only the cached
    prefix goes through the table, and the chunk's keys are plain strided rows of k and v.
-4. A grid that depends only on shapes. The lesson's grid has a axis of length
+4. A grid that depends only on shapes. The lesson's grid has an axis of length
    cdiv(max_query_len, BLOCK_M), a number the host has to know, which breaks CUDA-graph capture
    of any step with a prefill chunk. Here the grid is (cdiv(T, BLOCK_M) + B, H), from the
    padded token count T and the number of sequences B alone, as vLLM's unified attention
    bounds it (q_tokens // BLOCK_Q + num_seqs). Sequence b's tiles are numbered from
    cu_seqlens_q[b] // BLOCK_M + b, an increasing sequence, so each program finds its
    (sequence, query tile) by a binary search over it on the device; programs past the work
-   exit at once. Programs are taken in reverse order so that the last, longest tiles of a
-   chunk (they see the most keys) start first and the short ones fill in behind them.
+   exit at once (x below):
+
+     BLOCK_M = 4, cu_seqlens_q = [0, 6, 7, 7, 16]: a chunk of 6, a decode, a padding
+     sequence, a chunk of 9; the grid has cdiv(16, 4) + 4 = 8 programs per head.
+
+     first tile of b = cu[b] // 4 + b     0           2       3        4
+     program                              0     1     2       3        4     5     6     7
+     (sequence, tile)                   (0,0) (0,1) (1,0)  (2,0)x   (3,0) (3,1) (3,2) (3,3)x
+
+   The programs are taken in reverse order, so that the last tiles of a chunk, which see the
+   most keys, start first and the short ones fill in behind them.
 
 The exponentials are exp2, with log2(e) folded into the scale on the host: one multiply per
 score instead of the multiply inside exp. Tile sizes come from a small table keyed by compute
