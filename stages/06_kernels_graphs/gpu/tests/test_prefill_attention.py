@@ -61,6 +61,13 @@ def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
     _check(case)
 
 
+@pytest.mark.parametrize("head_dim", [12, 80])
+def test_head_dims_padded_to_a_power_of_two(head_dim):
+    case = make_paged_case([30, 19], [11, 19], num_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=4,
+                           seed=head_dim)
+    _check(case)
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_prefix_plus_diagonal(block_size):
     """A 3-tile chunk over a 21-token prefix: full prefix tiles unmasked, the prefix's partial
