@@ -64,14 +64,15 @@ class PrefillTiles:
 
 
 def prefill_tiles(capability: tuple[int, int] | None, head_dim: int, dtype: torch.dtype) -> PrefillTiles:
-    """Tile sizes for one card. capability None is the interpreter; every GPU entry was compiled
-    for its card with compile_cases() and checked for register spills and shared memory."""
+    """Tile sizes for one card. capability None is the interpreter. Every GPU entry was compiled
+    here for sm_90 and sm_80 at head dims 64 and 128 and checked for register spills and for
+    shared memory (compile_cases() gives the bf16 ones)."""
     if capability is None:
         return PrefillTiles(16, 16, 4, 1)
     if head_dim > 128:  # a 256-wide fp32 accumulator spills at every tile size tried
         raise ValueError(f"no prefill tiles checked for head dim {head_dim} (at most 128)")
-    if dtype == torch.float32:  # no 16-bit tensor-core path: small tiles, modest pipelining
-        return PrefillTiles(64, 32, 4, 2)
+    if dtype == torch.float32:  # exact fp32 dots, no tensor cores: larger tiles spill
+        return PrefillTiles(64, 32, 8, 2) if head_dim <= 64 else PrefillTiles(16, 16, 4, 2)
     if capability[0] >= 9:
         # Hopper: two warpgroups of 64 rows for wgmma. sm_90, bf16: head dim 64 needs 166
         # registers and 64 KB of shared memory, head dim 128 254 registers and 128 KB (the
@@ -87,7 +88,7 @@ def prefill_tiles(capability: tuple[int, int] | None, head_dim: int, dtype: torc
 @triton.jit
 def _find_tile(cu_ptr, work_id, num_seqs, BLOCK_M: tl.constexpr):
     """The sequence whose tiles contain tile number work_id: the last b with
-    cu_seqlens_q[b] // BLOCK_M + b <= work_id (the numbering is nondecreasing in b)."""
+    cu_seqlens_q[b] // BLOCK_M + b <= work_id (the numbering increases with b)."""
     lo = 0
     hi = num_seqs
     while lo < hi:

@@ -168,6 +168,8 @@ def test_tile_table():
         for cap in ((8, 0), (8, 9), (9, 0)):
             tiles = prefill_tiles(cap, head_dim, torch.float16)
             assert tiles.block_m % tiles.block_n == 0 and tiles.block_n >= 16 and tiles.num_stages >= 2
+        fp32 = prefill_tiles((9, 0), head_dim, torch.float32)
+        assert fp32.block_m % fp32.block_n == 0 and fp32.block_n >= 16
     with pytest.raises(ValueError):
         prefill_tiles((9, 0), 256, torch.bfloat16)
 
@@ -219,19 +221,21 @@ def test_sm90_compile_uses_wgmma_without_spills(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 3e-2), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("skip_decodes", [False, True])
-def test_compiled_kernel_matches_reference(head_dim, skip_decodes):
-    """bf16 tensor-core tiles on the GPU: chunks over cached prefixes, a whole prompt, decodes."""
+def test_compiled_kernel_matches_reference(dtype, tol, head_dim, skip_decodes):
+    """Tensor-core tiles on the GPU (bf16), exact fp32 dots (fp32): chunks over cached prefixes,
+    a whole prompt, decodes."""
     case = make_paged_case([300, 129, 64, 7, 4200], [300, 50, 1, 7, 256], num_heads=32, num_kv_heads=8,
-                           head_dim=head_dim, block_size=16, dtype=torch.bfloat16, device="cuda")
+                           head_dim=head_dim, block_size=16, dtype=dtype, device="cuda")
     out = _run(case, skip_decodes=skip_decodes).float().cpu()
     want = reference_attention(case.cpu())
     decode_row = 350  # cu_seqlens_q = [0, 300, 350, 351, 358, 614]
     if skip_decodes:
         assert torch.isnan(out[decode_row]).all()
         out[decode_row] = want[decode_row]
-    torch.testing.assert_close(out, want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
 
 
 @pytest.mark.gpu
