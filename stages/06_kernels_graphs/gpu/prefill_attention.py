@@ -17,15 +17,24 @@ of queries and walks the keys with an online softmax. A GPU needs four more thin
    [T, Hkv, D] for its new tokens (and written them into the pool); reading them back through
    the block table would cost a page-id load per key and a gathered read. Here only the cached
    prefix goes through the table, and the chunk's keys are plain strided rows of k and v.
-4. A grid that depends only on shapes. The lesson's grid has a axis of length
+4. A grid that depends only on shapes. The lesson's grid has an axis of length
    cdiv(max_query_len, BLOCK_M), a number the host has to know, which breaks CUDA-graph capture
    of any step with a prefill chunk. Here the grid is (cdiv(T, BLOCK_M) + B, H), from the
    padded token count T and the number of sequences B alone, as vLLM's unified attention
    bounds it (q_tokens // BLOCK_Q + num_seqs). Sequence b's tiles are numbered from
    cu_seqlens_q[b] // BLOCK_M + b, an increasing sequence, so each program finds its
    (sequence, query tile) by a binary search over it on the device; programs past the work
-   exit at once. Programs are taken in reverse order so that the last, longest tiles of a
-   chunk (they see the most keys) start first and the short ones fill in behind them.
+   exit at once (x below):
+
+     BLOCK_M = 4, cu_seqlens_q = [0, 6, 7, 7, 16]: a chunk of 6, a decode, a padding
+     sequence, a chunk of 9; the grid has cdiv(16, 4) + 4 = 8 programs per head.
+
+     first tile of b = cu[b] // 4 + b     0           2       3        4
+     program                              0     1     2       3        4     5     6     7
+     (sequence, tile)                   (0,0) (0,1) (1,0)  (2,0)x   (3,0) (3,1) (3,2) (3,3)x
+
+   The programs are taken in reverse order, so that the last tiles of a chunk, which see the
+   most keys, start first and the short ones fill in behind them.
 
 The exponentials are exp2, with log2(e) folded into the scale on the host: one multiply per
 score instead of the multiply inside exp. Tile sizes come from a small table keyed by compute
@@ -55,14 +64,15 @@ class PrefillTiles:
 
 
 def prefill_tiles(capability: tuple[int, int] | None, head_dim: int, dtype: torch.dtype) -> PrefillTiles:
-    """Tile sizes for one card. capability None is the interpreter; every GPU entry was compiled
-    for its card with compile_cases() and checked for register spills and shared memory."""
+    """Tile sizes for one card. capability None is the interpreter. Every GPU entry was compiled
+    here for sm_90 and sm_80 at head dims 64 and 128 and checked for register spills and for
+    shared memory (compile_cases() gives the bf16 ones)."""
     if capability is None:
         return PrefillTiles(16, 16, 4, 1)
     if head_dim > 128:  # a 256-wide fp32 accumulator spills at every tile size tried
         raise ValueError(f"no prefill tiles checked for head dim {head_dim} (at most 128)")
-    if dtype == torch.float32:  # no 16-bit tensor-core path: small tiles, modest pipelining
-        return PrefillTiles(64, 32, 4, 2)
+    if dtype == torch.float32:  # exact fp32 dots, no tensor cores: larger tiles spill
+        return PrefillTiles(64, 32, 8, 2) if head_dim <= 64 else PrefillTiles(16, 16, 4, 2)
     if capability[0] >= 9:
         # Hopper: two warpgroups of 64 rows for wgmma. sm_90, bf16: head dim 64 needs 166
         # registers and 64 KB of shared memory, head dim 128 254 registers and 128 KB (the
@@ -78,7 +88,7 @@ def prefill_tiles(capability: tuple[int, int] | None, head_dim: int, dtype: torc
 @triton.jit
 def _find_tile(cu_ptr, work_id, num_seqs, BLOCK_M: tl.constexpr):
     """The sequence whose tiles contain tile number work_id: the last b with
-    cu_seqlens_q[b] // BLOCK_M + b <= work_id (the numbering is nondecreasing in b)."""
+    cu_seqlens_q[b] // BLOCK_M + b <= work_id (the numbering increases with b)."""
     lo = 0
     hi = num_seqs
     while lo < hi:
@@ -89,6 +99,27 @@ def _find_tile(cu_ptr, work_id, num_seqs, BLOCK_M: tl.constexpr):
         else:
             hi = mid
     return lo - 1
+
+
+@triton.jit
+def _load_rows(ptrs, row_ok, ROW_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+               DOT_16BIT: tl.constexpr):
+    """A [rows, BLOCK_D] tile, masked only where it must be: rows past a length (ROW_MASK), and
+    a head dim padded up to a power of two (never for 64 or 128)."""
+    if HEAD_DIM == BLOCK_D:
+        if ROW_MASK:
+            x = tl.load(ptrs, mask=row_ok[:, None], other=0.)
+        else:
+            x = tl.load(ptrs)
+    else:
+        d_ok = tl.arange(0, BLOCK_D) < HEAD_DIM
+        if ROW_MASK:
+            x = tl.load(ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.)
+        else:
+            x = tl.load(ptrs, mask=d_ok[None, :], other=0.)
+    if not DOT_16BIT:  # fp32 inputs, or the interpreter: exact fp32 dots
+        x = x.to(tl.float32)
+    return x
 
 
 @triton.jit
@@ -122,7 +153,7 @@ def _varlen_attention_kernel(
     cu_ptr, seq_lens_ptr, bt_ptr, qk_scale, num_seqs,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_16BIT: tl.constexpr, SKIP_DECODES: tl.constexpr,
 ):
@@ -143,17 +174,16 @@ def _varlen_attention_kernel(
 
     m0 = tile * BLOCK_M  # first query row of the tile, within the chunk
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < q_len
     rows = q_start + offs_m  # int64: rows * stride can pass 2**31
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], mask=m_ok[:, None], other=0.)
-    if not DOT_16BIT:
-        q = q.to(tl.float32)
+    q = _load_rows(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :], m_ok, True,
+                   HEAD_DIM, BLOCK_D, DOT_16BIT)
 
     kvh = (h // GROUP).to(tl.int64)  # GQA: GROUP query heads share one kv head
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # 1. The cached prefix, from the pool through the block table. Every query sees every
     #    prefix key, so full tiles need no mask at all; only the last partial one is masked.
@@ -164,20 +194,16 @@ def _varlen_attention_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
         slot = (page * stride_cb + (offs_n % PAGE) * stride_cs)[:, None] + cache_off
-        k = tl.load(k_cache_ptr + slot)
-        v = tl.load(v_cache_ptr + slot)
-        if not DOT_16BIT:
-            k, v = k.to(tl.float32), v.to(tl.float32)
+        k = _load_rows(k_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, 0, qk_scale, False, DOT_16BIT)
     for start in range(full_end, prefix, BLOCK_N):  # runs once if the prefix ends mid-tile
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < prefix  # past it, table entries and pool slots may hold anything
         page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
         slot = (page * stride_cb + (offs_n % PAGE) * stride_cs)[:, None] + cache_off
-        k = tl.load(k_cache_ptr + slot, mask=n_ok[:, None], other=0.)
-        v = tl.load(v_cache_ptr + slot, mask=n_ok[:, None], other=0.)
-        if not DOT_16BIT:
-            k, v = k.to(tl.float32), v.to(tl.float32)
+        k = _load_rows(k_cache_ptr + slot, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_cache_ptr + slot, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, n_ok[None, :], qk_scale, True, DOT_16BIT)
 
     # 2. The chunk's own keys, rows of the fresh k and v. Keys left of the tile's first query
@@ -186,25 +212,24 @@ def _varlen_attention_kernel(
     v_rows = v_ptr + q_start * stride_vt + kvh * stride_vh + offs_d[None, :]
     offs_tile = tl.arange(0, BLOCK_N)
     for start in range(0, m0, BLOCK_N):
-        k = tl.load(k_rows + (start + offs_tile)[:, None] * stride_kt)
-        v = tl.load(v_rows + (start + offs_tile)[:, None] * stride_vt)
-        if not DOT_16BIT:
-            k, v = k.to(tl.float32), v.to(tl.float32)
+        k = _load_rows(k_rows + (start + offs_tile)[:, None] * stride_kt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_rows + (start + offs_tile)[:, None] * stride_vt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, 0, qk_scale, False, DOT_16BIT)
     diagonal_end = tl.minimum(m0 + BLOCK_M, q_len)
     for start in range(m0, diagonal_end, BLOCK_N):
         offs_n = start + offs_tile
         n_ok = offs_n < q_len
-        k = tl.load(k_rows + offs_n[:, None] * stride_kt, mask=n_ok[:, None], other=0.)
-        v = tl.load(v_rows + offs_n[:, None] * stride_vt, mask=n_ok[:, None], other=0.)
-        if not DOT_16BIT:
-            k, v = k.to(tl.float32), v.to(tl.float32)
+        k = _load_rows(k_rows + offs_n[:, None] * stride_kt, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_rows + offs_n[:, None] * stride_vt, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
         visible = (offs_n[None, :] <= offs_m[:, None]) & n_ok[None, :]
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
 
     acc = acc / l_i[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+    out_ptrs = o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
+    if HEAD_DIM == BLOCK_D:
+        tl.store(out_ptrs, acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
+    else:
+        tl.store(out_ptrs, acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_d < HEAD_DIM)[None, :])
 
 
 def _capability(t: torch.Tensor) -> tuple[int, int] | None:
@@ -227,7 +252,6 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k.shape == v.shape == (T, hkv, D)
-    assert D >= 16 and D & (D - 1) == 0, "head dim must be a power of two >= 16 (tl.dot tiles)"
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.stride(1) == 1
     if scale is None:
         scale = D ** -0.5
@@ -238,13 +262,14 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     if T == 0 or batch == 0:
         return out
     q, k, v = _unit_last_stride(q), _unit_last_stride(k), _unit_last_stride(v)
-    tiles = prefill_tiles(_capability(q), D, q.dtype)
+    block_d = max(16, triton.next_power_of_2(D))  # tl.dot wants dims >= 16; a power of two for arange
+    tiles = prefill_tiles(_capability(q), block_d, q.dtype)
     grid = (triton.cdiv(T, tiles.block_m) + batch, H)
     _varlen_attention_kernel[grid](
         q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale) * LOG2E, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        HEAD_DIM=D, PAGE=page, GROUP=H // hkv, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        HEAD_DIM=D, BLOCK_D=block_d, PAGE=page, GROUP=H // hkv, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         DOT_16BIT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16), SKIP_DECODES=skip_decodes,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
@@ -267,7 +292,7 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
     cases = []
     for name, heads, kv_heads, head_dim in COMPILE_SHAPES:
         tiles = prefill_tiles(capability, head_dim, torch.bfloat16)
-        constexprs = dict(HEAD_DIM=head_dim, PAGE=16, GROUP=heads // kv_heads, BLOCK_M=tiles.block_m,
+        constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, PAGE=16, GROUP=heads // kv_heads, BLOCK_M=tiles.block_m,
                           BLOCK_N=tiles.block_n, DOT_16BIT=True, SKIP_DECODES=True)
         signature = {**{p: "*bf16" for p in pointers}, "cu_ptr": "*i64", "seq_lens_ptr": "*i64",
                      "bt_ptr": "*i64", "qk_scale": "fp32", "num_seqs": "i32",

@@ -61,6 +61,13 @@ def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
     _check(case)
 
 
+@pytest.mark.parametrize("head_dim", [12, 80])
+def test_head_dims_padded_to_a_power_of_two(head_dim):
+    case = make_paged_case([30, 19], [11, 19], num_heads=4, num_kv_heads=2, head_dim=head_dim, block_size=4,
+                           seed=head_dim)
+    _check(case)
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_prefix_plus_diagonal(block_size):
     """A 3-tile chunk over a 21-token prefix: full prefix tiles unmasked, the prefix's partial
@@ -161,6 +168,8 @@ def test_tile_table():
         for cap in ((8, 0), (8, 9), (9, 0)):
             tiles = prefill_tiles(cap, head_dim, torch.float16)
             assert tiles.block_m % tiles.block_n == 0 and tiles.block_n >= 16 and tiles.num_stages >= 2
+        fp32 = prefill_tiles((9, 0), head_dim, torch.float32)
+        assert fp32.block_m % fp32.block_n == 0 and fp32.block_n >= 16
     with pytest.raises(ValueError):
         prefill_tiles((9, 0), 256, torch.bfloat16)
 
@@ -212,19 +221,21 @@ def test_sm90_compile_uses_wgmma_without_spills(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 3e-2), (torch.float32, 1e-4)])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("skip_decodes", [False, True])
-def test_compiled_kernel_matches_reference(head_dim, skip_decodes):
-    """bf16 tensor-core tiles on the GPU: chunks over cached prefixes, a whole prompt, decodes."""
+def test_compiled_kernel_matches_reference(dtype, tol, head_dim, skip_decodes):
+    """Tensor-core tiles on the GPU (bf16), exact fp32 dots (fp32): chunks over cached prefixes,
+    a whole prompt, decodes."""
     case = make_paged_case([300, 129, 64, 7, 4200], [300, 50, 1, 7, 256], num_heads=32, num_kv_heads=8,
-                           head_dim=head_dim, block_size=16, dtype=torch.bfloat16, device="cuda")
+                           head_dim=head_dim, block_size=16, dtype=dtype, device="cuda")
     out = _run(case, skip_decodes=skip_decodes).float().cpu()
     want = reference_attention(case.cpu())
     decode_row = 350  # cu_seqlens_q = [0, 300, 350, 351, 358, 614]
     if skip_decodes:
         assert torch.isnan(out[decode_row]).all()
         out[decode_row] = want[decode_row]
-    torch.testing.assert_close(out, want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(out, want, atol=tol, rtol=tol)
 
 
 @pytest.mark.gpu
@@ -237,10 +248,57 @@ def test_compiled_kernel_leaves_padding_untouched():
     cu = case.cu_seqlens_q.tolist()
     case.cu_seqlens_q = torch.tensor(cu + [cu[-1]] * 3, dtype=torch.long, device="cuda")  # 3 padding sequences
     case.seq_lens = torch.cat([case.seq_lens, torch.ones(3, dtype=case.seq_lens.dtype, device="cuda")]).long()
-    case.block_tables = torch.cat([case.block_tables, case.block_tables[:1, -1:].expand(3, -1)]).long()
+    case.block_tables = torch.cat([case.block_tables, case.block_tables[:1, -1:].expand(3, case.block_tables.shape[1])]).long()
     case.q = torch.cat([case.q, torch.randn(pad_rows, *case.q.shape[1:], device="cuda", dtype=case.q.dtype)])
     k = torch.cat([k, torch.full((pad_rows, *k.shape[1:]), float("nan"), device="cuda", dtype=k.dtype)])
     v = torch.cat([v, torch.full((pad_rows, *v.shape[1:]), float("nan"), device="cuda", dtype=v.dtype)])
     out = _run(case, k, v).float().cpu()
     torch.testing.assert_close(out[:t], want, atol=3e-2, rtol=3e-2)
     assert torch.isnan(out[t:]).all()
+
+
+@pytest.mark.gpu
+def test_one_captured_graph_serves_any_split_of_the_same_shapes():
+    """The grid depends only on T and B: a graph captured for one batch replays correctly for
+    another with the same shapes but other chunk lengths, prefixes and decodes."""
+    dev = dict(dtype=torch.bfloat16, device="cuda")
+    kw = dict(num_heads=32, num_kv_heads=8, head_dim=64, block_size=16, **dev)
+    cases = [make_paged_case([300, 64, 90], [200, 1, 40], seed=1, **kw),  # T = 241 in both
+             make_paged_case([100, 250, 33], [100, 140, 1], seed=2, **kw)]
+    fresh = [_fresh_kv(case) for case in cases]
+    width = max(case.block_tables.shape[1] for case in cases)
+    blocks = max(case.k_cache.shape[0] for case in cases)
+    static = dict(q=torch.empty_like(cases[0].q), k=torch.empty_like(fresh[0][0]), v=torch.empty_like(fresh[0][1]),
+                  k_cache=torch.zeros(blocks, *cases[0].k_cache.shape[1:], **dev),
+                  v_cache=torch.zeros(blocks, *cases[0].v_cache.shape[1:], **dev),
+                  cu=torch.zeros(4, dtype=torch.long, device="cuda"),
+                  seq_lens=torch.zeros(3, dtype=torch.long, device="cuda"),
+                  tables=torch.zeros(3, width, dtype=torch.long, device="cuda"))
+    out = torch.empty_like(static["q"])
+
+    def load(case, k, v):
+        for name, value in (("q", case.q), ("k", k), ("v", v), ("cu", case.cu_seqlens_q),
+                            ("seq_lens", case.seq_lens)):
+            static[name].copy_(value)
+        n = case.k_cache.shape[0]
+        static["k_cache"][:n].copy_(case.k_cache)
+        static["v_cache"][:n].copy_(case.v_cache)
+        static["tables"][:, : case.block_tables.shape[1]].copy_(case.block_tables)
+
+    def step():
+        varlen_attention(static["q"], static["k"], static["v"], static["k_cache"], static["v_cache"], static["cu"],
+                         static["seq_lens"], static["tables"], out=out)
+
+    load(cases[0], *fresh[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # compiles the kernel outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for case, (k, v) in zip(cases[::-1], fresh[::-1]):
+        load(case, k, v)
+        graph.replay()
+        torch.testing.assert_close(out.float().cpu(), reference_attention(case.cpu()), atol=3e-2, rtol=3e-2)
