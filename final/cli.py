@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token
-from course.s06_kernels_graphs.engine import KernelEngineConfig
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
 from .kernel_defaults import describe as describe_kernels
-from .kernel_defaults import kernel_defaults
+from .kernel_defaults import kernel_defaults, pick_device, pick_dtype
+from .kv_pool import DEFAULT_BLOCKS, blocks_for_memory, step_reserve
 from .scheduling.policies import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
@@ -37,43 +39,80 @@ def parse_size(text: str, flag: str = "--kv-memory") -> int:
         raise ValueError(f"{flag}: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
 
 
-def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config, dtype: torch.dtype) -> int:
-    """--kv-blocks as given, or as many blocks as `kv_memory` bytes (--kv-memory) hold for this model."""
-    if kv_memory is None:
-        return args.kv_blocks
+def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config, dtype: torch.dtype,
+                  device: str = "cpu", memory_info=None) -> int:
+    """--kv-blocks as given; or as many blocks as `kv_memory` bytes (--kv-memory) hold for this
+    model; or, on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
+    (kv_pool.py; `memory_info` as torch.cuda.mem_get_info); else 512."""
     per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
-    blocks = kv_memory // per_block
-    if blocks < 1:
-        raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
-                         f"takes {per_block} bytes for this model")
-    return blocks
+    if kv_memory is not None:
+        blocks = kv_memory // per_block
+        if blocks < 1:
+            raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
+                             f"takes {per_block} bytes for this model")
+        return blocks
+    if args.kv_blocks is not None:
+        return args.kv_blocks
+    if not device.startswith("cuda"):
+        return DEFAULT_BLOCKS
+    tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
+    reserve = step_reserve(model_config.vocab_size, model_config.hidden_size, model_config.intermediate_size,
+                           tokens, dtype)
+    return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, LLMEngine.reserved_blocks, memory_info)
+
+
+def graph_options(args: argparse.Namespace, blocks: int) -> dict:
+    """The graphs' bounds: sequences up to --graph-max-seq-len (default: as long as the pool holds;
+    the engine caps it at the model's context), mixed steps up to --graph-max-num-tokens."""
+    max_seq_len = args.graph_max_seq_len or blocks * args.block_size
+    return {"graph_max_seq_len": max_seq_len, "graph_max_num_tokens": args.graph_max_num_tokens}
+
+
+def warm_up(llm, log=lambda line: print(line, file=sys.stderr, flush=True)) -> None:
+    """Capture every graph bucket before the first request (Triton compiles inside the captures)."""
+    graphs = llm.runner.graphs
+    if graphs is None:
+        return
+    log(f"capturing graphs: {len(graphs.buckets)} decode + {len(graphs.token_buckets)} mixed buckets ...")
+    start = time.perf_counter()
+    llm.warm_up()
+    log(f"capturing graphs: done in {time.perf_counter() - start:.1f} s")
 
 
 def kernel_options(args: argparse.Namespace) -> dict:
     """Stage 06's choices: what the flags set, the device's defaults for the rest (kernel_defaults.py)."""
-    return kernel_defaults(args.device, getattr(torch, getattr(args, "dtype", "float32")),
+    device = pick_device(args.device)
+    return kernel_defaults(device, pick_dtype(getattr(args, "dtype", "auto"), device),
                            attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs, fused=args.fused,
                            linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
 
 
-def build_server(args: argparse.Namespace):
-    dtype = getattr(torch, args.dtype)
+def build_server(args: argparse.Namespace, memory_info=None):
+    """The engine, its model loaded, its graphs captured, and the app; `memory_info` as
+    torch.cuda.mem_get_info (tests pass a fake card)."""
+    args.device = device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
     # typos fail before the model loads
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
     options = kernel_options(args)
-    print(describe_kernels(options, args.device, dtype), file=sys.stderr)
+    print(f"device {device}, {str(dtype).removeprefix('torch.')}; " + describe_kernels(options, device, dtype),
+          file=sys.stderr)
     speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
 
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
-        loaded = load_model(args.model, dtype=dtype, device=args.device)
-        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype)
+        loaded = load_model(args.model, dtype=dtype, device=device)
+        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info)
+        print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens)",
+              file=sys.stderr)
         config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
-                                    record_steps=False, **options)
-        return loaded, Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+                                    record_steps=False, **graph_options(args, blocks), **options)
+        llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+        warm_up(llm)
+        return loaded, llm
 
     loaded, llm = off_the_main_thread(load_engine)
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
@@ -82,7 +121,8 @@ def build_server(args: argparse.Namespace):
     return engine, build_app(engine, loaded.tokenizer, name, limits)
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command line and its `serve` sub-command."""
     p = argparse.ArgumentParser(prog="python -m course.final", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="start the OpenAI-compatible server")
@@ -94,17 +134,28 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--max-num-batched-tokens", type=int, default=256)
     s.add_argument("--max-waiting", type=int, default=256, help="queue bound; beyond it requests get 429")
     kv = s.add_mutually_exclusive_group()
-    kv.add_argument("--kv-blocks", type=int, default=512, help="KV cache size in blocks")
+    kv.add_argument("--kv-blocks", type=int,
+                    help="KV cache size in blocks (default: on CUDA what --gpu-memory-utilization leaves, else 512)")
     kv.add_argument("--kv-memory", help="KV cache size in bytes instead, e.g. 512MiB")
+    s.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="on CUDA, the share of the card the server may fill: weights, a step's activations, "
+                        "graphs, and the KV cache in what is left")
     s.add_argument("--block-size", type=int, default=16)
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    s.add_argument("--device", default="auto", help="auto (CUDA when torch sees a card, else cpu), cpu, cuda, cuda:N")
+    s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and KV cache; auto: bfloat16 on CUDA, float32 on the CPU")
     k = s.add_argument_group("kernels (stage 06)")
     k.add_argument("--attention-backend", choices=["torch", "cpu", "triton"],
                    help="default: triton on CUDA; on the CPU stage 06's C kernel (cpu) for float32 when a C "
                         "compiler is there, else torch")
     k.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
                    help="replay decode steps from captured graphs (default: on with CUDA)")
+    k.add_argument("--graph-max-seq-len", type=int,
+                   help="steps with a longer sequence run eagerly (default: the model's context, or the pool's "
+                        "size if smaller)")
+    k.add_argument("--graph-max-num-tokens", type=int, default=512,
+                   help="largest token count of a captured mixed step (prefill chunks, verifications); 0: "
+                        "decode steps only")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
                    help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on, except on a "
                         "1-thread CPU with unsplit linears)")
@@ -143,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--replicas", type=int, help="N unified workers instead (each runs whole requests, no KV transfer)")
     d.add_argument("--routing-policy", choices=ROUTING_POLICIES,
                    help="how the prefill worker (or replica) is chosen (default cache_aware); decode: least-loaded")
+    return p, s
+
+
+def main(argv: list[str] | None = None) -> int:
+    p, s = make_parser()
     args = p.parse_args(argv)
 
     try:

@@ -1,6 +1,9 @@
 """Stage 06's kernel options as the server picks them for a device: one place, used by the
 CLI and by every benchmark that measures "the engine as served".
 
+The device itself: `auto` is CUDA when torch sees a card, else the CPU; dtype `auto` is
+bfloat16 weights and KV on CUDA, float32 on the CPU.
+
 On CUDA: the Triton kernels, fused ops and decode graphs. On the CPU: stage 06's C attention
 kernel when a float32 pool and a C compiler allow it (else the PyTorch backend), the fused
 model with every linear split over the intra-op threads (torch's CPU linear runs a decode
@@ -8,9 +11,26 @@ step's GEMVs on one thread: split_linear.py), no graphs (the CPU stand-in only c
 capturability). Options the user set are kept; unset ones (None) get the default."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from course.s06_kernels_graphs.cpu.attention import kernel_unavailable
+
+
+def pick_device(name: str = "auto", cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
+    """`auto`: "cuda" when torch sees a card, else "cpu"; any other name as given."""
+    if name != "auto":
+        return name
+    return "cuda" if cuda_available() else "cpu"
+
+
+def pick_dtype(name: str, device: str) -> torch.dtype:
+    """`auto`: bfloat16 on CUDA (half the bytes a step reads), float32 on the CPU (where
+    stage 06's C kernel and the exact-equality tests want it); any other name as given."""
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, name)
 
 
 def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, attention_backend: str | None = None,

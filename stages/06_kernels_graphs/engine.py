@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field, replace
 
+import torch
+
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
@@ -77,6 +79,18 @@ class LLMEngine(BatchingEngine):
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
                                   dummy_block=dummy, graphs=graphs)
         self.graphed_steps = 0
+
+    @torch.no_grad()
+    def warm_up(self) -> int:
+        """Capture every graph bucket now, before any request: otherwise the first step of each
+        kind captures them (and, on CUDA, compiles the Triton kernels) while a request waits.
+        Returns how many buckets are held (0 without graphs)."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return 0
+        if not graphs.graphs:
+            graphs.capture_all()
+        return len(graphs.graphs) + len(graphs.mixed_graphs)
 
     def _run(self, chunks):
         out = self.runner.run(*self._flatten(chunks))

@@ -1,0 +1,45 @@
+"""How many KV blocks the server allocates: the flags' figure, or, on CUDA, what the card has left.
+
+    budget = utilization x total memory - memory in use (weights, other processes) - reserve
+    blocks = budget // bytes per block - the engine's reserved blocks (the graphs' dummy block)
+
+as vLLM's `--gpu-memory-utilization` does. The reserve is the memory a step needs beyond the
+pool: its activations, float32 logits for every token of the largest step, and the graphs'
+shared pool. `memory_info` returns (free, total) bytes, `torch.cuda.mem_get_info` on a card;
+tests pass a fake card."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from course.s02_kv_cache.kv_size import human
+
+DEFAULT_BLOCKS = 512   # the CPU's pool (8,192 tokens at 16 per block), and any device's without a memory query
+GRAPH_RESERVE = 512 * 2**20  # captured graphs' pool and the allocator's slack
+
+
+def step_reserve(vocab_size: int, hidden_size: int, intermediate_size: int, max_num_tokens: int,
+                 dtype: torch.dtype) -> int:
+    """Bytes a step of `max_num_tokens` tokens needs besides the pool: float32 logits, the
+    widest activations (gate-up output, residual, norm, attention) twice over, the graphs' pool."""
+    width = torch.empty((), dtype=dtype).element_size()
+    activations = max_num_tokens * (2 * intermediate_size + 4 * hidden_size) * width
+    return max_num_tokens * vocab_size * 4 + 2 * activations + GRAPH_RESERVE
+
+
+def blocks_for_memory(bytes_per_block: int, utilization: float, reserve: int, reserved_blocks: int = 1,
+                      memory_info: Callable[[], tuple[int, int]] | None = None) -> int:
+    """The most blocks that fit in `utilization` of the card after what is in use and `reserve`."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {utilization}")
+    free, total = (memory_info or torch.cuda.mem_get_info)()
+    in_use = total - free
+    budget = int(utilization * total) - in_use - reserve
+    blocks = budget // bytes_per_block - reserved_blocks
+    if blocks < 1:
+        raise ValueError(
+            f"--gpu-memory-utilization {utilization} of {human(total)} leaves {human(max(budget, 0))} for the KV "
+            f"cache ({human(in_use)} in use, {human(reserve)} kept for a step's activations and graphs): not one "
+            f"block of {human(bytes_per_block)}. Raise --gpu-memory-utilization, free the card, or give --kv-blocks")
+    return blocks

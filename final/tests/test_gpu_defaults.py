@@ -1,0 +1,108 @@
+"""What `serve` picks on a GPU, proven on the CPU: the device and dtype `auto` choose, the KV pool
+sized from a fake card's memory, every graph bucket captured before the first request, and the
+graphs' bounds from the model's context and the flags."""
+import pytest
+import torch
+
+from course.final.cli import build_server, main, make_parser, num_kv_blocks
+from course.final.kernel_defaults import pick_device, pick_dtype
+from course.final.kv_pool import DEFAULT_BLOCKS, blocks_for_memory
+from course.s01_decode_loop.testing import tiny_model
+from course.s02_kv_cache.kv_size import kv_bytes_per_token
+
+GiB = 2**30
+
+
+def serve_args(*flags):
+    parser, _ = make_parser()
+    return parser.parse_args(["serve", *flags])
+
+
+def fake_card(total: int, in_use: int):
+    return lambda: (total - in_use, total)  # torch.cuda.mem_get_info's (free, total)
+
+
+@pytest.mark.parametrize("name,cuda,want", [("auto", True, "cuda"), ("auto", False, "cpu"), ("cpu", True, "cpu"),
+                                            ("cuda:1", False, "cuda:1")])
+def test_device_auto_is_cuda_when_torch_sees_a_card(name, cuda, want):
+    assert pick_device(name, cuda_available=lambda: cuda) == want
+
+
+@pytest.mark.parametrize("name,device,want", [("auto", "cuda", torch.bfloat16), ("auto", "cuda:0", torch.bfloat16),
+                                              ("auto", "cpu", torch.float32), ("float16", "cuda", torch.float16),
+                                              ("bfloat16", "cpu", torch.bfloat16)])
+def test_dtype_auto_is_bfloat16_on_cuda_and_float32_on_the_cpu(name, device, want):
+    assert pick_dtype(name, device) == want
+
+
+def test_serve_defaults_are_auto_and_explicit_flags_stay():
+    args = serve_args()
+    assert (args.device, args.dtype, args.kv_blocks, args.gpu_memory_utilization) == ("auto", "auto", None, 0.9)
+    assert (args.graph_max_seq_len, args.graph_max_num_tokens) == (None, 512)
+    args = serve_args("--device", "cpu", "--dtype", "bfloat16", "--kv-blocks", "64")
+    assert (args.device, args.dtype, args.kv_blocks) == ("cpu", "bfloat16", 64)
+
+
+@pytest.mark.parametrize("total,in_use,utilization", [(80 * GiB, 3 * GiB, 0.9), (24 * GiB, 10 * GiB, 0.5),
+                                                      (16 * GiB, 0, 1.0)])
+def test_the_memory_sized_pool_never_exceeds_its_budget(total, in_use, utilization):
+    per_block, reserve = 16 * 32768, GiB
+    blocks = blocks_for_memory(per_block, utilization, reserve, reserved_blocks=1,
+                               memory_info=fake_card(total, in_use))
+    pool = (blocks + 1) * per_block  # the engine allocates one dummy block more
+    budget = utilization * total - in_use - reserve
+    assert pool <= budget < pool + per_block  # as many blocks as fit, not one more
+
+
+@pytest.mark.parametrize("total,in_use,utilization", [(8 * GiB, 7 * GiB, 0.9), (80 * GiB, 0, 0.01)])
+def test_too_little_memory_is_a_clear_error(total, in_use, utilization):
+    with pytest.raises(ValueError, match="not one block.*--gpu-memory-utilization"):
+        blocks_for_memory(2**20, utilization, GiB, memory_info=fake_card(total, in_use))
+
+
+def test_cuda_sizes_the_pool_from_memory_and_explicit_sizes_win():
+    config = tiny_model("gqa_tied", seed=0).config
+    per_block = 16 * kv_bytes_per_token(config, torch.bfloat16)
+    card = fake_card(4 * GiB, GiB)
+    blocks = num_kv_blocks(serve_args(), None, config, torch.bfloat16, "cuda", card)
+    assert blocks > DEFAULT_BLOCKS and (blocks + 1) * per_block <= 0.9 * 4 * GiB - GiB
+    assert num_kv_blocks(serve_args("--gpu-memory-utilization", "0.5"), None, config, torch.bfloat16, "cuda",
+                         card) < blocks
+    assert num_kv_blocks(serve_args("--kv-blocks", "40"), None, config, torch.bfloat16, "cuda", card) == 40
+    assert num_kv_blocks(serve_args("--kv-memory", "1MiB"), 2**20, config, torch.bfloat16, "cuda",
+                         card) == 2**20 // per_block
+    assert num_kv_blocks(serve_args(), None, config, torch.float32, "cpu") == DEFAULT_BLOCKS  # no query on the CPU
+
+
+def test_start_up_captures_every_graph_bucket_before_the_first_request(tiny_folder, capsys):
+    args = serve_args("--model", str(tiny_folder), "--device", "cpu", "--cuda-graphs", "--kv-blocks", "64",
+                      "--max-num-seqs", "8", "--max-num-batched-tokens", "64")
+    engine, _ = build_server(args)
+    graphs = engine.engine.runner.graphs
+    assert graphs.buckets == [1, 2, 4, 8] and graphs.token_buckets == [16, 32, 64]
+    assert len(graphs.graphs) + len(graphs.mixed_graphs) == 7  # before any request
+    err = capsys.readouterr().err
+    assert "capturing graphs: 4 decode + 3 mixed buckets" in err and "done in" in err
+    assert "KV cache: 64 blocks of 16 tokens" in err and "device cpu, float32" in err
+    assert graphs.max_seq_len == min(engine.engine.max_model_len, 64 * 16)
+
+
+def test_graph_bounds_follow_the_flags(tiny_folder, capsys):
+    args = serve_args("--model", str(tiny_folder), "--device", "cpu", "--cuda-graphs", "--kv-blocks", "64",
+                      "--max-num-seqs", "2", "--graph-max-seq-len", "48", "--graph-max-num-tokens", "0")
+    engine, _ = build_server(args)
+    graphs = engine.engine.runner.graphs
+    assert graphs.max_seq_len == 48 and graphs.token_buckets == [] and len(graphs.graphs) == 2
+
+
+def test_without_graphs_start_up_captures_nothing(tiny_folder, capsys):
+    engine, _ = build_server(serve_args("--model", str(tiny_folder), "--kv-blocks", "16"))
+    assert engine.engine.runner.graphs is None and engine.engine.warm_up() == 0
+    assert "capturing graphs" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag,value", [("--gpu-memory-utilization", "0.5"), ("--graph-max-seq-len", "64"),
+                                        ("--graph-max-num-tokens", "0"), ("--dtype", "bfloat16")])
+def test_local_engine_flags_are_refused_with_disaggregated(flag, value, capsys):
+    assert main(["serve", "--disaggregated", flag, value]) == 2
+    assert f"{flag} is not supported with --disaggregated" in capsys.readouterr().err
