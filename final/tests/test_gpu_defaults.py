@@ -7,6 +7,7 @@ import torch
 from course.final.cli import build_server, main, make_parser, num_kv_blocks
 from course.final.kernel_defaults import pick_device, pick_dtype
 from course.final.kv_pool import DEFAULT_BLOCKS, blocks_for_memory
+from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token
 
@@ -85,6 +86,9 @@ def test_start_up_captures_every_graph_bucket_before_the_first_request(tiny_fold
     assert "capturing graphs: 4 decode + 3 mixed buckets" in err and "done in" in err
     assert "KV cache: 64 blocks of 16 tokens" in err and "device cpu, float32" in err
     assert graphs.max_seq_len == min(engine.engine.max_model_len, 64 * 16)
+    held = {**graphs.graphs}, {**graphs.mixed_graphs}
+    engine.engine.generate([[5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
+    assert engine.engine.graphed_steps > 0 and (graphs.graphs, graphs.mixed_graphs) == held  # replayed, none captured
 
 
 def test_graph_bounds_follow_the_flags(tiny_folder, capsys):
