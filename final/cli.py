@@ -95,6 +95,8 @@ def build_server(args: argparse.Namespace, memory_info=None):
     # typos fail before the model loads
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {args.gpu_memory_utilization}")
     policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
     options = kernel_options(args)
     print(f"device {device}, {str(dtype).removeprefix('torch.')}; " + describe_kernels(options, device, dtype),

@@ -64,6 +64,7 @@ def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
     (["--model", "{tiny}", "--speculative-method", "eagle"], "cannot load the EAGLE head"),
     (["--model", "{tiny}", "--speculative-method", "lookup", "--num-speculative-tokens", "0"], "at least 1"),
     (["--model", "{tiny}", "--quantization", "int8", "--no-fused"], "needs the fused model"),
+    (["--model", "{tiny}", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
 ])
 def test_cli_bad_arguments_exit_2_with_a_message(tiny_folder, tmp_path, capsys, args, message):
     args = [a.format(tmp=tmp_path, tiny=tiny_folder) for a in args]
