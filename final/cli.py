@@ -9,56 +9,21 @@ import time
 import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
-from course.s02_kv_cache.kv_size import kv_bytes_per_token
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 
 from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
-from .kernel_defaults import describe as describe_kernels
-from .kernel_defaults import kernel_defaults, pick_device, pick_dtype
-from .kv_pool import DEFAULT_BLOCKS, blocks_for_memory, step_reserve
+from .launch.kernel_defaults import describe as describe_kernels
+from .launch.kernel_defaults import kernel_defaults, pick_device, pick_dtype
+from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
 from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
 from .torch_threads import off_the_main_thread
-
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def parse_size(text: str, flag: str = "--kv-memory") -> int:
-    """'512MiB', '2GB', '1e9' -> bytes."""
-    number = text.rstrip("KMGiBkmgib")
-    unit = text[len(number):].upper()
-    try:
-        return int(float(number) * UNITS[unit])
-    except (KeyError, ValueError):
-        raise ValueError(f"{flag}: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
-
-
-def num_kv_blocks(args: argparse.Namespace, kv_memory: int | None, model_config, dtype: torch.dtype,
-                  device: str = "cpu", memory_info=None) -> int:
-    """--kv-blocks as given; or as many blocks as `kv_memory` bytes (--kv-memory) hold for this
-    model; or, on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
-    (kv_pool.py; `memory_info` as torch.cuda.mem_get_info); else 512."""
-    per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
-    if kv_memory is not None:
-        blocks = kv_memory // per_block
-        if blocks < 1:
-            raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
-                             f"takes {per_block} bytes for this model")
-        return blocks
-    if args.kv_blocks is not None:
-        return args.kv_blocks
-    if not device.startswith("cuda"):
-        return DEFAULT_BLOCKS
-    tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
-    reserve = step_reserve(model_config.vocab_size, model_config.hidden_size, model_config.intermediate_size,
-                           tokens, dtype)
-    return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, LLMEngine.reserved_blocks, memory_info)
 
 
 def graph_options(args: argparse.Namespace, blocks: int) -> dict:
@@ -80,7 +45,7 @@ def warm_up(llm, log=lambda line: print(line, file=sys.stderr, flush=True)) -> N
 
 
 def kernel_options(args: argparse.Namespace) -> dict:
-    """Stage 06's choices: what the flags set, the device's defaults for the rest (kernel_defaults.py)."""
+    """Stage 06's choices: what the flags set, the device's defaults for the rest (launch/kernel_defaults.py)."""
     device = pick_device(args.device)
     return kernel_defaults(device, pick_dtype(getattr(args, "dtype", "auto"), device),
                            attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs, fused=args.fused,
@@ -106,7 +71,8 @@ def build_server(args: argparse.Namespace, memory_info=None):
 
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
         loaded = load_model(args.model, dtype=dtype, device=device)
-        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info)
+        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info,
+                               LLMEngine.reserved_blocks)
         print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens)",
               file=sys.stderr)
         config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,

@@ -38,7 +38,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .load import plot_rates, run_rates
 from ..engine import Engine, SpeculativeConfig
-from ..kernel_defaults import kernel_defaults
+from ..launch.kernel_defaults import kernel_defaults
 
 REWRITE = [
     "Fix the spelling in this text and repeat it: 'The quick brown fox jumpd over the lazy dog. It was a sunny day "

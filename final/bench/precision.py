@@ -27,7 +27,7 @@ from course.s01_decode_loop.workloads import load_conversations, sample_requests
 
 from .profile import profile
 from ..engine import Engine
-from ..kernel_defaults import kernel_defaults
+from ..launch.kernel_defaults import kernel_defaults
 
 VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8 weights": ("float32", "int8")}
 

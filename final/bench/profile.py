@@ -51,7 +51,7 @@ from course.s06_kernels_graphs.cpu.layer import LayerCalls, layer_weight
 from course.s06_kernels_graphs.cpu.split_linear import SplitLinear
 
 from ..engine import Engine
-from ..kernel_defaults import kernel_defaults
+from ..launch.kernel_defaults import kernel_defaults
 
 PHASES = ("schedule", "prepare", "linear", "attention", "layer calls", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."

@@ -250,7 +250,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
     from course.s07_disaggregated.cli import resolve_model_dir
     from course.s07_disaggregated.launcher import Topology
 
-    from ..cli import num_kv_blocks, parse_size
+    from ..launch.kv_pool import num_kv_blocks, parse_size
     from ..server import ServerLimits, build_app
     from ..shutdown import serve_until_stopped
 

@@ -13,7 +13,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import MEASURED_CPU, load
 from ..engine import Engine
-from ..kernel_defaults import kernel_defaults
+from ..launch.kernel_defaults import kernel_defaults
 from .replay import replay
 from .policies import POLICIES, make_policy
 from .metrics import percentile, summarize

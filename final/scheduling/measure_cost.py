@@ -20,7 +20,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .cost_model import LinearCostModel
 from ..engine import Engine
-from ..kernel_defaults import kernel_defaults
+from ..launch.kernel_defaults import kernel_defaults
 
 PREFILLS = (8, 32, 64, 128, 256, 512)
 DECODES = [(s, L) for L in (64, 512) for s in (1, 2, 4, 8, 16, 32)] + [(4, 1536), (8, 1536)]

@@ -6,7 +6,8 @@ import httpx
 import openai
 import pytest
 
-from course.final.cli import main, parse_size
+from course.final.cli import main
+from course.final.launch.kv_pool import parse_size
 from course.final.testing import start_cli_server as start
 from course.final.testing import stop_cli_server as stop
 

@@ -4,9 +4,10 @@ graphs' bounds from the model's context and the flags."""
 import pytest
 import torch
 
-from course.final.cli import build_server, main, make_parser, num_kv_blocks
-from course.final.kernel_defaults import pick_device, pick_dtype
-from course.final.kv_pool import DEFAULT_BLOCKS, blocks_for_memory
+from course.final.cli import build_server, main, make_parser
+from course.final.launch.kv_pool import num_kv_blocks
+from course.final.launch.kernel_defaults import pick_device, pick_dtype
+from course.final.launch.kv_pool import DEFAULT_BLOCKS, blocks_for_memory
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
 from course.s02_kv_cache.kv_size import kv_bytes_per_token

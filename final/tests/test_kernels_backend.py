@@ -60,7 +60,7 @@ def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, mon
 
 
 def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monkeypatch):
-    from course.final.kernel_defaults import describe, kernel_defaults
+    from course.final.launch.kernel_defaults import describe, kernel_defaults
     from course.s06_kernels_graphs.cpu import native
 
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from course.s02_kv_cache.kv_size import human
+from course.s02_kv_cache.kv_size import human, kv_bytes_per_token
 
 DEFAULT_BLOCKS = 512   # the CPU's pool (8,192 tokens at 16 per block), and any device's without a memory query
 GRAPH_RESERVE = 512 * 2**20  # captured graphs' pool and the allocator's slack
@@ -43,3 +43,38 @@ def blocks_for_memory(bytes_per_block: int, utilization: float, reserve: int, re
             f"cache ({human(in_use)} in use, {human(reserve)} kept for a step's activations and graphs): not one "
             f"block of {human(bytes_per_block)}. Raise --gpu-memory-utilization, free the card, or give --kv-blocks")
     return blocks
+
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def parse_size(text: str, flag: str = "--kv-memory") -> int:
+    """'512MiB', '2GB', '1e9' -> bytes."""
+    number = text.rstrip("KMGiBkmgib")
+    unit = text[len(number):].upper()
+    try:
+        return int(float(number) * UNITS[unit])
+    except (KeyError, ValueError):
+        raise ValueError(f"{flag}: cannot read {text!r} as a size (examples: 512MiB, 2GiB, 1e9)") from None
+
+
+def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype, device: str = "cpu",
+                  memory_info=None, reserved_blocks: int = 1) -> int:
+    """--kv-blocks as given; or as many blocks as `kv_memory` bytes (--kv-memory) hold for this
+    model; or, on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
+    (`memory_info` as torch.cuda.mem_get_info); else 512."""
+    per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
+    if kv_memory is not None:
+        blocks = kv_memory // per_block
+        if blocks < 1:
+            raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
+                             f"takes {per_block} bytes for this model")
+        return blocks
+    if args.kv_blocks is not None:
+        return args.kv_blocks
+    if not device.startswith("cuda"):
+        return DEFAULT_BLOCKS
+    tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
+    reserve = step_reserve(model_config.vocab_size, model_config.hidden_size, model_config.intermediate_size,
+                           tokens, dtype)
+    return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, reserved_blocks, memory_info)
