@@ -33,7 +33,8 @@ tokens; SmolLM2-135M, Llama-3.2-1B and a head-dim-128 model) and prints one row 
 
 Counts are static (instructions in the code, not executions). Pointers are taken as 16-byte
 aligned and integers equal to 1 or divisible by 16 specialised, as Triton's launcher does for a
-torch launch; a case may list the integers it knows divisible by 16 ("divisible_by_16").
+torch launch; a case lists the integers it knows divisible by 16 in "attrs" (names, or
+Triton's own {(index,): [["tt.divisibility", 16]]}).
 
 Under the Triton interpreter (this stage switches it on when there is no CUDA) a `@triton.jit`
 function cannot be compiled, so the compiling happens in one child process started with
@@ -111,7 +112,7 @@ def launch_case(name: str, kernel, args: dict, num_warps: int = 4, num_stages: i
             if value % 16 == 0:
                 divisible.append(p.name)
     return {"name": name, "kernel": kernel, "signature": signature, "constexprs": constexprs,
-            "num_warps": num_warps, "num_stages": num_stages, "divisible_by_16": divisible}
+            "num_warps": num_warps, "num_stages": num_stages, "attrs": divisible}
 
 
 def _pow2(n: int) -> int:
@@ -294,8 +295,13 @@ def compile_case(case: dict, arch: int, tools: dict) -> dict:
     kernel, signature = case["kernel"], case["signature"]
     row = {"source": case.get("source", ""), "kernel": kernel.__name__, "case": case["name"],
            "num_warps": case["num_warps"], "num_stages": case["num_stages"]}
-    aligned = [n for n, t in signature.items() if t.startswith("*")] + list(case.get("divisible_by_16", ()))
-    attrs = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    # Pointers are 16-byte aligned (torch allocates so); the case names the integers that are too.
+    divisible = [["tt.divisibility", 16]]
+    named = case.get("attrs") or {}
+    if not isinstance(named, dict):  # names rather than Triton's own {(index,): [[attr, value]]}
+        named = {(kernel.arg_names.index(n),): divisible for n in named}
+    pointers = {(kernel.arg_names.index(n),): divisible for n, t in signature.items() if t.startswith("*")}
+    attrs = {**pointers, **named}
     try:
         src = ASTSource(fn=kernel, signature=signature, constexprs=case["constexprs"], attrs=attrs)
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -384,17 +390,18 @@ def report(result: dict) -> None:
             print(f"  {tool} not found in the triton wheel: its columns show '?'")
     for room, why in result["rooms_missing"].items():
         print(f"  gpu/{room}: left out ({why})")
-    header = (f"{'kernel':34} {'case':28} {'warps':>5} {'stages':>6} {'regs':>4} {'spills st/ld':>12} "
+    names = [f"{r['source']}/{r['kernel']}" for r in result["rows"]]
+    kw, width = max([6] + [len(n) for n in names]), max([4] + [len(r["case"]) for r in result["rows"]])
+    header = (f"{'kernel':{kw}} {'case':{width}} {'warps':>5} {'stages':>6} {'regs':>4} {'spills st/ld':>12} "
               f"{'smem KB':>8} {'warps/SM':>8}  {'async':14} tensor cores")
     print(header)
     print("-" * len(header))
-    for r in result["rows"]:
-        name = f"{r['source']}/{r['kernel']}"
+    for name, r in zip(names, result["rows"]):
         if "error" in r:
-            print(f"{name:34} {r['case']:28} FAILED: {r['error']}")
+            print(f"{name:{kw}} {r['case']:{width}} FAILED: {r['error']}")
             continue
         spills = f"{_fmt(r['spill_stores'])}/{_fmt(r['spill_loads'])}"
-        print(f"{name:34} {r['case']:28} {r['num_warps']:>5} {r['num_stages']:>6} {_fmt(r['registers']):>4} "
+        print(f"{name:{kw}} {r['case']:{width}} {r['num_warps']:>5} {r['num_stages']:>6} {_fmt(r['registers']):>4} "
               f"{spills:>12} {r['shared_bytes'] / 1024:>8.1f} {_fmt(r['warps_per_sm']):>8}  {_async(r):14} "
               f"{_tensor_cores(r)}")
 
