@@ -1,6 +1,7 @@
 """What the compiler makes of every Triton kernel of stage 06, for a Hopper GPU, without one.
 
-    python -m course.s06_kernels_graphs.gpu.compile_report [--arch 90] [--kernels decode,rms] [--results | --json PATH]
+    python -m course.s06_kernels_graphs.gpu.compile_report [--arch 90] [--kernels decode,rms]
+        [--results | --json PATH]       # --results: stages/06_kernels_graphs/results/compile_report.json
 
 Triton compiles for any NVIDIA target on a machine with no GPU: `triton.compile(ASTSource(...),
 target=GPUTarget("cuda", 90, 32))` runs the whole pipeline (Triton IR -> TTGIR, the IR with
@@ -29,7 +30,17 @@ tokens; SmolLM2-135M, Llama-3.2-1B and a head-dim-128 model) and prints one row 
   tensor cores   Matrix instructions: `wgmma` (Hopper's warpgroup MMA; `warp_group_dot` in
                  TTGIR) and `mma.sync` (the Ampere-style MMA), counted in the PTX. An attention
                  kernel without them does its products on the ordinary FP32 units, ~15x slower
-                 on an H100 for bf16; tl.dot gets them when both sides are 16-bit and >= 16 wide.
+                 on an H100 for bf16. tl.dot gets them for tiles of at least 16 on every side.
+
+How to read it: compare rows of the same job. The lesson's decode kernel shows no tensor cores
+and no async copies: its group of 1-8 query heads is below tl.dot's 16 rows, so it multiplies
+and sums on the FP32 units and each tile's loads wait. The room's decode kernel pads the group
+to 16 rows and shows wgmma and cp.async: tensor cores, and the pipeliner loading the next K/V
+tiles while this one computes, paid for in shared memory (its smem column). The lesson's
+prefill kernel has mma.sync but no wgmma: its 16-row tiles are sized for the interpreter, and a
+Hopper warpgroup multiplies 64 rows at a time. No row may spill, and none may pass the shared
+memory limit; a kernel near 255 registers, or at few warps per SM, is one to watch on the GPU.
+What the report cannot show is time: that needs the GPU (gpu_check.sh).
 
 Counts are static (instructions in the code, not executions). Pointers are taken as 16-byte
 aligned and integers equal to 1 or divisible by 16 specialised, as Triton's launcher does for a
@@ -47,6 +58,7 @@ is not there is simply left out of the report.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -337,18 +349,28 @@ def _child_main(request_path: str, result_path: str) -> None:
     tools = {"ptxas": _tool("ptxas"), "cuobjdump": _tool("cuobjdump")}
     rows = [compile_case(case, arch, tools) for case in cases]
     import triton
+    modules = sorted({case["kernel"].fn.__module__ for case in cases})
     with open(result_path, "w") as f:
         json.dump({"target": f"cuda:{arch}", "triton": triton.__version__, "tools": tools,
+                   "sources": {m: _file_digest(sys.modules[m].__file__) for m in modules},
                    "rooms_missing": missing, "rows": rows}, f)
+
+
+def _file_digest(path: str) -> str:
+    """A short hash of a kernel's source file: which version of the code a stored report describes."""
+    with open(path, "rb") as f:
+        return "sha256:" + hashlib.sha256(f.read()).hexdigest()[:16]
 
 
 def compile_rows(arch: int = 90, kernels: list[str] | None = None) -> dict:
     """Every case compiled for sm_<arch> in a child process with the interpreter off.
     kernels: substrings of "source/kernel name" to keep (e.g. "lesson/_decode", "rms"); None = all.
-    Returns {"target", "triton", "tools", "rooms_missing", "rows": [one dict per case]}."""
+    Returns {"target", "triton", "tools", "sources" (a hash of each kernel file), "rooms_missing",
+    "rows": [one dict per case], "limits"}."""
     if arch not in CARDS:
         raise ValueError(f"no occupancy table for sm_{arch}; known: {sorted(CARDS)}")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": os.environ.get("TRITON_DEFAULT_FP_FUSION", "1")}
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default (FMA contraction), said out loud
     with tempfile.TemporaryDirectory() as d:
         request, result = os.path.join(d, "request.json"), os.path.join(d, "result.json")
         with open(request, "w") as f:
@@ -371,14 +393,17 @@ def _fmt(n, none="?") -> str:
     return none if n is None else str(n)
 
 
+def _counts(r: dict, labels: dict[str, str]) -> str:
+    """The row's nonzero counts, e.g. "wgmma 16 mma 2"; "-" when all are zero."""
+    return " ".join(f"{label} {r[key]}" for key, label in labels.items() if r[key]) or "-"
+
+
 def _tensor_cores(r: dict) -> str:
-    parts = [f"wgmma {r['wgmma_ptx']}" if r["wgmma_ptx"] else "", f"mma {r['mma_ptx']}" if r["mma_ptx"] else ""]
-    return " ".join(p for p in parts if p) or "-"
+    return _counts(r, {"wgmma_ptx": "wgmma", "mma_ptx": "mma"})
 
 
 def _async(r: dict) -> str:
-    parts = [f"cp.async {r['cp_async_ptx']}" if r["cp_async_ptx"] else "", f"tma {r['tma_ptx']}" if r["tma_ptx"] else ""]
-    return " ".join(p for p in parts if p) or "-"
+    return _counts(r, {"cp_async_ptx": "cp.async", "tma_ptx": "tma"})
 
 
 def report(result: dict) -> None:
