@@ -75,12 +75,15 @@ def test_lesson_prefill_uses_tensor_cores(report):
 
 @pytest.mark.parametrize("module", ROOM_MODULES, ids=lambda m: m.rsplit(".", 1)[1])
 def test_gpu_room_attention_on_warpgroup_tensor_cores(report, module):
-    """Both attention products of the room's kernels are Hopper wgmma (warp_group_dot in TTGIR).
-    A split-KV merge kernel has no product to put there and is left out."""
+    """Both attention products of the room's kernels are Hopper wgmma (warp_group_dot in TTGIR),
+    and their K/V tiles are loaded ahead by the pipeliner (async copies). A split-KV merge
+    kernel has no product and no loop to pipeline, and is left out."""
     rows = [r for r in room_rows(report, module) if "reduce" not in r["kernel"] and "merge" not in r["kernel"]]
     assert rows
-    missing = [f"{r['kernel']} {r['case']}" for r in rows if r["wgmma_ttgir"] < 2]
-    assert not missing, f"fewer than two warp_group_dot ops: {missing}"
+    no_wgmma = [f"{r['kernel']} {r['case']}" for r in rows if r["wgmma_ttgir"] < 2]
+    assert not no_wgmma, f"fewer than two warp_group_dot ops: {no_wgmma}"
+    not_pipelined = [f"{r['kernel']} {r['case']}" for r in rows if r["cp_async_ttgir"] + r["tma_ttgir"] == 0]
+    assert not not_pipelined, f"no async copies (num_stages {rows[0]['num_stages']}): {not_pipelined}"
 
 
 def test_cli_prints_a_row_per_case(capsys, tmp_path):
