@@ -98,9 +98,9 @@ class ModelShape:
 
 
 SHAPES = (ModelShape("SmolLM2-135M", 9, 3, 64, 576), ModelShape("Llama-3.2-1B", 32, 8, 64, 2048),
-          ModelShape("head dim 128", 32, 8, 128, 4096))
+          ModelShape("head dim 128", 32, 8, 128, 4096))  # the last: Llama-3.1-8B's attention and hidden size
 PAGE = 16  # tokens per pool block
-TABLE_WIDTH = 128  # block-table columns, as the graph runner pads them
+TABLE_WIDTH = 128  # block-table columns in a graph: graph_max_seq_len 2,048 / 16
 NUM_SMS = 132  # an H100 SXM's, for the lesson's choice of decode splits
 
 
@@ -190,10 +190,14 @@ def kv_write_cases(s: ModelShape) -> list[dict]:
 
 def norm_cases(s: ModelShape) -> list[dict]:
     from ..fused_norm import _rms_norm_kernel
-    args = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
-            "stride_x": s.hidden, "stride_res": s.hidden, "stride_out": s.hidden, "stride_res_out": s.hidden,
-            "eps": 1e-5, "N": s.hidden, "BLOCK": _pow2(s.hidden), "ADD_RESIDUAL": True}
-    return [launch_case(f"{s.name}, + residual", _rms_norm_kernel, args)]
+    cases = []
+    for add in (False, True):  # rms_norm (layer 0's input norm), fused_add_rms_norm (every other)
+        stride_res = s.hidden if add else 0  # without a residual the wrapper passes x and stride 0
+        args = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16",
+                "stride_x": s.hidden, "stride_res": stride_res, "stride_out": s.hidden, "stride_res_out": stride_res,
+                "eps": 1e-5, "N": s.hidden, "BLOCK": _pow2(s.hidden), "ADD_RESIDUAL": add}
+        cases.append(launch_case(f"{s.name}{', + residual' if add else ''}", _rms_norm_kernel, args))
+    return cases
 
 
 def rotary_cases(s: ModelShape) -> list[dict]:
