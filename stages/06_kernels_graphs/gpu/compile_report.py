@@ -255,12 +255,13 @@ def read_ir(ttgir: str, ptx: str) -> dict:
     }
 
 
-def _tool(name: str) -> str | None:
-    """The wheel's copy of an NVIDIA tool (triton/backends/nvidia/bin), or None."""
+def _tool(name: str, arch: int) -> str | None:
+    """The wheel's copy of an NVIDIA tool (triton/backends/nvidia/bin), or None; for ptxas,
+    the one Triton itself runs for this arch."""
     from triton import knobs
     from triton.backends.nvidia.compiler import get_ptxas
     try:
-        path = get_ptxas(90).path if name == "ptxas" else getattr(knobs.nvidia, name).path
+        path = get_ptxas(arch).path if name == "ptxas" else getattr(knobs.nvidia, name).path
     except Exception:  # a wheel without the tool raises while looking it up
         return None
     return path if path and os.path.exists(path) else None
@@ -323,7 +324,8 @@ def compile_case(case: dict, arch: int, tools: dict) -> dict:
         compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                   options={"num_warps": case["num_warps"], "num_stages": case["num_stages"]})
     except Exception as e:  # the report shows it; the test fails on it
-        return {**row, "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"}
+        first_line = next(iter(str(e).strip().splitlines()), "")
+        return {**row, "error": f"{type(e).__name__}: {first_line}"}
     ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
     row["shared_bytes"] = compiled.metadata.shared
     row.update(read_ir(ttgir, ptx))
@@ -350,7 +352,7 @@ def _child_main(request_path: str, result_path: str) -> None:
     cases += extra
     if kernels:
         cases = [c for c in cases if any(k in f"{c['source']}/{c['kernel'].__name__}" for k in kernels)]
-    tools = {"ptxas": _tool("ptxas"), "cuobjdump": _tool("cuobjdump")}
+    tools = {"ptxas": _tool("ptxas", arch), "cuobjdump": _tool("cuobjdump", arch)}
     rows = [compile_case(case, arch, tools) for case in cases]
     import triton
     modules = sorted({case["kernel"].fn.__module__ for case in cases})
