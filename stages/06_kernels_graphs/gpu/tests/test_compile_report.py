@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from course.s06_kernels_graphs.gpu.compile_report import ROOM_MODULES, SHAPES, compile_rows, main
+from course.s06_kernels_graphs.gpu.compile_report import CARDS, ROOM_MODULES, SHAPES, compile_rows, main, occupancy_warps
 
 LESSON_KERNELS = {"_decode_kernel", "_reduce_kernel", "_varlen_paged_attn_kernel", "_write_kv_kernel",
                   "_rms_norm_kernel", "_rotary_kernel"}
@@ -84,6 +84,14 @@ def test_gpu_room_attention_on_warpgroup_tensor_cores(report, module):
     assert not no_wgmma, f"fewer than two warp_group_dot ops: {no_wgmma}"
     not_pipelined = [f"{r['kernel']} {r['case']}" for r in rows if r["cp_async_ttgir"] + r["tma_ttgir"] == 0]
     assert not not_pipelined, f"no async copies (num_stages {rows[0]['num_stages']}): {not_pipelined}"
+
+
+def test_occupancy_from_registers_and_shared_memory():
+    h100 = CARDS[90]
+    assert occupancy_warps(128, 0, 4, h100) == 16  # 128 x 32 x 4 = 16,384 of 65,536 registers: 4 programs
+    assert occupancy_warps(32, 0, 4, h100) == 64  # registers to spare: the 64-warp cap
+    assert occupancy_warps(32, 100 * 1024, 4, h100) == 8  # 2 programs' tiles fill the 228 KB
+    assert occupancy_warps(255, 0, 8, h100) == 8  # one 8-warp program at the register ceiling
 
 
 def test_cli_prints_a_row_per_case(capsys, tmp_path):
