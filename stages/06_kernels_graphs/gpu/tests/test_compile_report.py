@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from course.s06_kernels_graphs.gpu.compile_report import CARDS, ROOM_MODULES, SHAPES, compile_rows, main, occupancy_warps
+from course.s06_kernels_graphs.gpu.compile_report import (CARDS, ROOM_MODULES, SHAPES, compile_rows, main,
+                                                          occupancy_warps)
 
 LESSON_KERNELS = {"_decode_kernel", "_reduce_kernel", "_varlen_paged_attn_kernel", "_write_kv_kernel",
                   "_rms_norm_kernel", "_rotary_kernel"}
