@@ -357,7 +357,9 @@ def _child_main(request_path: str, result_path: str) -> None:
     import triton
     modules = sorted({case["kernel"].fn.__module__ for case in cases})
     with open(result_path, "w") as f:
-        json.dump({"target": f"cuda:{arch}", "triton": triton.__version__, "tools": tools,
+        site = os.path.dirname(os.path.dirname(triton.__file__))  # tools named from the wheel's root
+        json.dump({"target": f"cuda:{arch}", "triton": triton.__version__,
+                   "tools": {tool: path and os.path.relpath(path, site) for tool, path in tools.items()},
                    "sources": {m: _file_digest(sys.modules[m].__file__) for m in modules},
                    "rooms_missing": missing, "rows": rows}, f)
 
