@@ -66,10 +66,11 @@ def llama_config(name: str):
 
 
 @torch.no_grad()
-def random_model(name: str, device: str, dtype: torch.dtype, seed: int = 0) -> CausalLM:
+def random_model(shape: str | ModelConfig, device: str, dtype: torch.dtype, seed: int = 0) -> CausalLM:
     """Random weights drawn on the device (an 8B model's float32 draw on the host would take minutes):
-    norms near 1, matrices small, as stage 01's init_random_weights."""
-    config = TINY_CONFIGS["gqa_tied"] if name == "tiny" else ModelConfig.from_hf(llama_config(name))
+    norms near 1, matrices small, as stage 01's init_random_weights. `shape`: 1b, 8b, tiny or a config."""
+    config = shape if isinstance(shape, ModelConfig) else \
+        TINY_CONFIGS["gqa_tied"] if shape == "tiny" else ModelConfig.from_hf(llama_config(shape))
     torch.manual_seed(seed)
     with torch.device(device):
         model = CausalLM(config)
