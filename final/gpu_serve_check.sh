@@ -3,19 +3,25 @@
 # no model download: `python -m course.final serve` on a random-weights Llama-3.2-1B-shape folder,
 # a smoke test of the OpenAI API over plain HTTP, and a short bench_serving run.
 #
-#     bash final/gpu_serve_check.sh OUTDIR                 (wheels from .whl/, or WHEELS=DIR)
+#     bash final/gpu_serve_check.sh OUTDIR [serve] [engine]   (wheels from .whl/, or WHEELS=DIR)
 #     DRY_RUN=1 PYTHON=venv/bin/python bash final/gpu_serve_check.sh OUTDIR   (the CPU, a tiny model)
 #
 # The wheels the server needs and that machine lacks (fastapi, starlette, uvicorn, pydantic,
-# pydantic-core, annotated-types, typing-inspection; typing-extensions for pydantic's lower bound)
-# travel with the call, for the machine's Python 3.12, fetched once here into .whl/ (ignored by git):
+# pydantic-core, annotated-types, typing-inspection, opentelemetry-api, which fastapi imports;
+# typing-extensions for pydantic's lower bound) travel with the call, for the machine's Python 3.12,
+# fetched once here into .whl/ (ignored by git; 3 MB):
 #
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#         -d .whl fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection typing-extensions
+#         -d .whl fastapi starlette uvicorn pydantic pydantic-core annotated-types typing-inspection \
+#         typing-extensions opentelemetry-api
 #
-# (anyio, sniffio, h11, click, httpx, jinja2 and prometheus-client are there already.) The device
-# call names .whl in `carry`. Each part runs under its own limit, about 5 minutes in all:
+# (anyio, h11, click, annotated-doc, httpx, jinja2 and prometheus-client are there already.) Keep
+# one version of each. The device call names .whl in `carry`:
+#
+#     run(command="bash final/gpu_serve_check.sh $OUT", carry=[".whl"], timeout_s=420)
+#
+# Each part runs under its own limit, about 5 minutes in all:
 #
 #   part     limit  what
 #   model    90 s   the 1B-shape folder: random bfloat16 weights, the byte-level tokenizer (bench/gpu_serve.py model)
@@ -24,7 +30,9 @@
 #   bench    60 s   bench/serving.py's client, 64 requests at once, synthetic prompts -> CARD_serve_bench.json
 #   stop     30 s   Ctrl-C: the server drains and exits
 #
-# and CARD_serve_log.txt (this script's output and the server's): three files. CARD is the card's
+# and CARD_serve_log.txt (this script's output and the server's): three files. Named, `engine`
+# also runs bench/gpu_engine.py (the engine in process, 1B and 8B shapes, per-step wall, device
+# and host time; 300 s) into CARD_gpu_engine.json, for final/results/gpu_engine_CARD.json. CARD is the card's
 # short name (h100, h200), "dry" in a dry run. The course goes on the path without pip, as
 # stages/06_kernels_graphs/gpu_check.sh does.
 set -u
@@ -79,8 +87,19 @@ part() {
     return "$rc"
 }
 
+PARTS=${*:2}
+PARTS=${PARTS:-serve}
 START=$SECONDS
-echo "== model" | tee -a "$LOG"
+ok=0
+case " $PARTS " in *" engine "*)
+    echo "== engine" | tee -a "$LOG"
+    dry=()
+    [ "$DRY" = 1 ] && dry=(--dry-run)
+    part 300 $PY -m course.final.bench.gpu_engine ${dry[@]+"${dry[@]}"} --json "$OUT/${CARD}_gpu_engine.json" || ok=1 ;;
+esac
+case " $PARTS " in *" serve "*) ;; *) exit $ok ;; esac
+
+echo "== model ($((SECONDS - START)) s in)" | tee -a "$LOG"
 part 90 $PY -m course.final.bench.gpu_serve model "$TMP/model" --shape $SHAPE || exit 1
 
 echo "== start ($((SECONDS - START)) s in)" | tee -a "$LOG"
@@ -111,4 +130,4 @@ server_rc=$?
 SERVER=
 { echo "== the server's output"; cat "$TMP/server.log"; } >>"$LOG"
 echo "== $((SECONDS - START)) s in all; ready $ready, smoke $smoke_rc, bench $bench_rc, server exit $server_rc" | tee -a "$LOG"
-[ "$ready" = 0 ] && [ "$smoke_rc" = 0 ] && [ "$bench_rc" = 0 ]
+[ "$ok" = 0 ] && [ "$ready" = 0 ] && [ "$smoke_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -8,7 +8,8 @@ Models: random weights in Llama-3.2-1B's shape and in Llama-3.1-8B's (configs fr
 own LlamaConfig, nothing downloaded; speed depends on the shapes, not the values), the byte-level
 tokenizer, the engine with the server's kernel choices for the device (launch/kernel_defaults.py:
 bfloat16, Triton, fused ops and graphs captured before the first step on CUDA) and its default
-step budget. Workloads, every request greedy with a fixed output length (EOS ignored):
+step budget; the KV pool is sized for the workload (the server sizes it from the card's free
+memory), graphs cover sequences up to its length, as the server's do. Workloads, every request greedy with a fixed output length (EOS ignored):
 
   decode       64 streams, 128-token prompts, 256 new tokens each
   prefill      16 prompts of 2,048 tokens, 8 new tokens each
@@ -33,7 +34,7 @@ import time
 import torch
 
 from course.s01_decode_loop.config import ModelConfig
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.measure import bench_cli, write_json
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer
@@ -255,6 +256,8 @@ def run(args: argparse.Namespace) -> dict:
             for i, (streams, prompt_len, new_tokens) in enumerate(sizes[workload]):
                 rows += run_workload(name, model, tok, options, workload, streams, prompt_len, new_tokens,
                                      args.num_speculative_tokens, seed=i)
+                if args.json:  # what is measured so far, in case a time limit stops the run
+                    write_json(args.json, {"partial": True, "rows": rows})
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
