@@ -1,8 +1,11 @@
 """The engine as the server builds it, step by step, on random weights: where a step's time goes.
 
     python -m course.final.bench.gpu_engine [--models 1b 8b] [--workloads decode prefill speculation]
-                                            [--results | --json out.json]
+                                            [--json final/results/gpu_engine_h100.json]
     python -m course.final.bench.gpu_engine --dry-run     # a tiny model on the CPU, a few steps: the plumbing
+
+On a lent GPU machine it runs as a part of `bash final/gpu_serve_check.sh OUTDIR engine`; its
+file is named for the card (h100, h200) in final/results/.
 
 Models: random weights in Llama-3.2-1B's shape and in Llama-3.1-8B's (configs from transformers'
 own LlamaConfig, nothing downloaded; speed depends on the shapes, not the values), the byte-level
