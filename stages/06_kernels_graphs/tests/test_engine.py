@@ -10,6 +10,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+from course.s06_kernels_graphs.backends import TritonPagedBackend
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
 
@@ -113,9 +114,13 @@ def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, name,
     want = stage04(model, byte_tok, params, "roomy")
     graphed, run = [], ModelRunner.run
     monkeypatch.setattr(ModelRunner, "run", lambda self, *a: graphed.append((out := run(self, *a)).graphed) or out)
+    fused_rotary, rotary_forward = [], TritonPagedBackend.rotary_forward
+    monkeypatch.setattr(TritonPagedBackend, "rotary_forward",
+                        lambda self, *a: fused_rotary.append(a[0]) or rotary_forward(self, *a))
     got, engine = stage06(model, byte_tok, params, "roomy", attention_backend="triton", cuda_graphs=graphs,
-                          fused=graphs, triton_kernels=kernels)  # fused Triton norm/RoPE ride along with graphs
+                          fused=graphs, triton_kernels=kernels)  # fused Triton kernels ride along with graphs
     assert got == want
+    assert bool(fused_rotary) == graphs  # the fused model's RoPE ran in the KV write's launch
     assert engine.stats()["backend"] == "triton"
     assert all(graphed) if graphs else not any(graphed)
 
