@@ -225,7 +225,8 @@ def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_ta
 
 
 class TritonPagedBackend(KernelBackend):
-    """Stage 06's kernels: the KV scatter, then the attention launches of each layer.
+    """Stage 06's kernels: the KV scatter, then the attention launches of each layer. Beside
+    the fused model the scatter applies RoPE too (`rotary_forward`): one launch instead of two.
 
     kernels="lesson": this folder's kernels, written to be read. The decode kernel (split-K
     for long contexts) when every sequence decodes, else the varlen kernel, which takes
