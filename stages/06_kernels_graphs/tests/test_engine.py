@@ -125,6 +125,28 @@ def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, name,
     assert all(graphed) if graphs else not any(graphed)
 
 
+def test_fused_triton_layer_makes_one_launch_for_rope_and_kv_write_and_one_for_silu_mul(monkeypatch):
+    """Counted per decode step: each layer calls the fused RoPE + KV write and silu_mul once, and
+    never the separate RoPE kernel, the separate KV write or torch's silu."""
+    from course.s03_paged.paged_attention import PagedKVCache
+    from course.s06_kernels_graphs import kv_write, rotary, silu_mul
+    from course.s06_kernels_graphs.backends import make_backend
+    from course.s06_kernels_graphs.fused_model import FusedCausalLM
+
+    calls = []
+    for module, name in ((rotary, "apply_rotary_and_write_kv"), (rotary, "apply_rotary_"), (kv_write, "write_kv"),
+                         (silu_mul, "silu_mul"), (torch.nn.functional, "silu")):
+        counted = lambda *a, _f=getattr(module, name), _n=name, **kw: calls.append(_n) or _f(*a, **kw)  # noqa: E731
+        monkeypatch.setattr(module, name, counted)
+    model = tiny_model("gqa_tied")
+    backend = make_backend("triton", PagedKVCache(model.config, 9, 16))
+    fused = FusedCausalLM(model).follow(backend)
+    ModelRunner(fused, backend, max_num_tokens=1, max_num_seqs=1, max_blocks_per_seq=8, dummy_block=8).run(
+        [1], [(20, 1, list(range(8)))], [0])
+    layers = model.config.num_hidden_layers
+    assert sorted(calls) == sorted(["apply_rotary_and_write_kv", "silu_mul"] * layers)
+
+
 def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
     model = tiny_model("mqa_odd_heads")
     params = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
