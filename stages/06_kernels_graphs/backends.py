@@ -67,6 +67,7 @@ class LayerKernels(ABC):
 class KernelBackend(AttentionBackend):
     name = "?"
     fused_ops = "torch"  # who does the fused model's small ops beside this backend (fused_model.OPS)
+    rotary_in_kv_write = False  # True: `rotary_forward` rotates q and k in the KV write's launch
 
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
@@ -85,6 +86,11 @@ class KernelBackend(AttentionBackend):
         """Kernels that run each whole decoder layer of `model` in one call, or None (the
         default): the model calls its ops, and this backend's `forward` for attention."""
         return None
+
+    def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
+        """`forward` for q and k not yet rotated: RoPE (cos, sin [T, D/2]) done in place in the
+        KV write's launch. Offered where `rotary_in_kv_write`; the fused model asks once (follow)."""
+        raise NotImplementedError(f"the {self.name} backend has no RoPE in its KV write")
 
 
 class TorchPagedBackend(KernelBackend):
@@ -219,7 +225,8 @@ def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_ta
 
 
 class TritonPagedBackend(KernelBackend):
-    """Stage 06's kernels: the KV scatter, then the attention launches of each layer.
+    """Stage 06's kernels: the KV scatter, then the attention launches of each layer. Beside
+    the fused model the scatter applies RoPE too (`rotary_forward`): one launch instead of two.
 
     kernels="lesson": this folder's kernels, written to be read. The decode kernel (split-K
     for long contexts) when every sequence decodes, else the varlen kernel, which takes
@@ -231,6 +238,7 @@ class TritonPagedBackend(KernelBackend):
 
     name = "triton"
     fused_ops = "triton"
+    rotary_in_kv_write = True
     KERNELS = ("gpu", "lesson")
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "gpu"):
@@ -254,8 +262,18 @@ class TritonPagedBackend(KernelBackend):
     def forward(self, layer, q, k, v, meta: KernelMetadata):
         from .kv_write import write_kv
 
+        write_kv(k, v, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
+        return self.attend(layer, q, k, v, meta)
+
+    def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
+        from .rotary import apply_rotary_and_write_kv
+
+        apply_rotary_and_write_kv(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
+        return self.attend(layer, q, k, v, meta)
+
+    def attend(self, layer, q, k, v, meta: KernelMetadata):
+        """The attention launches, this step's K/V already in the pool."""
         k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]
-        write_kv(k, v, k_pool, v_pool, meta.slot_mapping)
         out = torch.zeros_like(q) if meta.graphed else torch.empty_like(q)  # bucket padding rows: zeros
         if self.kernels == "lesson":
             return self._lesson(q, k_pool, v_pool, meta, out)

@@ -8,10 +8,12 @@ What changes, per layer (the unfused count in brackets):
 * the residual add and the next RMSNorm are one kernel: read x and the residual once, write
   the sum and the normed sum [add, pow, mean, add, rsqrt, mul, cast, mul: ~8 launches, each
   reading and writing the whole row].
-* RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries].
+* RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries];
+  beside a backend that offers it (`rotary_in_kv_write`: Triton's), in the KV write's launch.
+* silu(gate) * up is one kernel [silu, mul, and a temporary between them].
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
-only), "triton" (fused_norm.py and rotary.py) or "cpu" (cpu/ops.c: C loops for the CPU).
+only), "triton" (fused_norm.py, rotary.py and silu_mul.py) or "cpu" (cpu/ops.c: C loops for the CPU).
 The engine hands the model its attention backend once (`follow`): the model takes the
 backend's ops, and its layer kernels where it offers them (the CPU room's backend runs each
 whole layer as one C call, cpu/layer.py); the model never asks which backend it has.
@@ -67,7 +69,10 @@ class TritonOps:
         from .rotary import apply_rotary_
         apply_rotary_(q, k, cos, sin)
 
-    silu_mul = TorchOps.silu_mul
+    @staticmethod
+    def silu_mul(gate_up):
+        from .silu_mul import silu_mul
+        return silu_mul(gate_up)
 
 
 OPS = {"torch": TorchOps, "cpu": CpuOps, "triton": TritonOps}
@@ -98,8 +103,9 @@ class FusedLayer(nn.Module):
         self.post_norm = layer.post_attention_layernorm.weight
         self.eps = config.rms_norm_eps
 
-    def forward(self, x, residual, cos, sin, attn, meta, ops):
-        """x: this layer's input delta; residual: the stream so far (None before layer 0)."""
+    def forward(self, x, residual, cos, sin, attn, meta, ops, rotary_in_attn=False):
+        """x: this layer's input delta; residual: the stream so far (None before layer 0).
+        rotary_in_attn: `attn` rotates q and k itself, in its KV write (`rotary_forward`)."""
         if residual is None:
             residual, h = x, ops.rms_norm(x, self.input_norm, self.eps)
         else:
@@ -109,8 +115,12 @@ class FusedLayer(nn.Module):
         q = qkv[:, : self.n_heads * d].view(t, self.n_heads, d)  # strided views: no copies
         k = qkv[:, self.n_heads * d: (self.n_heads + self.n_kv) * d].view(t, self.n_kv, d)
         v = qkv[:, (self.n_heads + self.n_kv) * d:].view(t, self.n_kv, d)
-        ops.rotary_(q, k, cos, sin)
-        x = self.o_proj(attn.forward(self.layer_idx, q, k, v, meta).reshape(t, -1))
+        if rotary_in_attn:
+            out = attn.rotary_forward(self.layer_idx, q, k, v, cos, sin, meta)
+        else:
+            ops.rotary_(q, k, cos, sin)
+            out = attn.forward(self.layer_idx, q, k, v, meta)
+        x = self.o_proj(out.reshape(t, -1))
         h, residual = ops.add_rms_norm(x, residual, self.post_norm, self.eps)
         return self.down_proj(ops.silu_mul(self.gate_up(h))), residual
 
@@ -124,14 +134,16 @@ class FusedCausalLM(nn.Module):
             raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
         self.config, self.ops = model.config, OPS[ops]
         self.layer_kernels: LayerKernels | None = None  # whole layers in one call each, a backend's (follow)
+        self.rotary_in_attn = False  # the backend rotates q and k in its KV write (follow)
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
 
     def follow(self, backend: KernelBackend) -> "FusedCausalLM":
         """Run beside `backend`: its ops for the small work, and its layer kernels if it offers
-        any (asked once, after the linears took their final form: split or int8)."""
-        self.ops = OPS[backend.fused_ops]
+        any (asked once, after the linears took their final form: split or int8), and RoPE
+        inside its KV write where it offers that."""
+        self.ops, self.rotary_in_attn = OPS[backend.fused_ops], backend.rotary_in_kv_write
         self.layer_kernels = backend.layer_kernels(self)
         return self
 
@@ -143,7 +155,7 @@ class FusedCausalLM(nn.Module):
             if whole_layer:
                 x, residual = whole_layer(layer, x, residual)
             else:
-                x, residual = layer(x, residual, cos, sin, attn, meta, self.ops)
+                x, residual = layer(x, residual, cos, sin, attn, meta, self.ops, self.rotary_in_attn)
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):

@@ -95,10 +95,11 @@ class ModelShape:
     kv_heads: int
     head_dim: int
     hidden: int
+    intermediate: int  # the MLP's inner width (gate and up each)
 
 
-SHAPES = (ModelShape("SmolLM2-135M", 9, 3, 64, 576), ModelShape("Llama-3.2-1B", 32, 8, 64, 2048),
-          ModelShape("head dim 128", 32, 8, 128, 4096))  # the last: Llama-3.1-8B's attention and hidden size
+SHAPES = (ModelShape("SmolLM2-135M", 9, 3, 64, 576, 1536), ModelShape("Llama-3.2-1B", 32, 8, 64, 2048, 8192),
+          ModelShape("head dim 128", 32, 8, 128, 4096, 14336))  # the last: Llama-3.1-8B's attention and hidden size
 PAGE = 16  # tokens per pool block
 TABLE_WIDTH = 128  # block-table columns in a graph: graph_max_seq_len 2,048 / 16
 NUM_SMS = 132  # an H100 SXM's, for the lesson's choice of decode splits
@@ -211,8 +212,29 @@ def rotary_cases(s: ModelShape) -> list[dict]:
     return [launch_case(s.name, _rotary_kernel, args)]
 
 
+def rotary_write_kv_cases(s: ModelShape) -> list[dict]:
+    from ..rotary import _rotary_write_kv_kernel
+    row, half = _qkv_row(s), s.head_dim // 2
+    args = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+            "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64",
+            "stride_qt": row, "stride_qh": s.head_dim, "stride_qd": 1, "stride_kt": row, "stride_kh": s.head_dim,
+            "stride_kd": 1, "stride_vt": row, "stride_vh": s.head_dim, "stride_vd": 1,
+            "stride_ct": half, "stride_cd": 1, "stride_st": half, "stride_sd": 1, "stride_slot": 1,
+            "Q_HEADS": s.heads, "K_HEADS": s.kv_heads, "HALF": half, "BLOCK_QH": _pow2(s.heads),
+            "BLOCK_KH": _pow2(s.kv_heads), "BLOCK_HALF": _pow2(half)}
+    return [launch_case(s.name, _rotary_write_kv_kernel, args)]
+
+
+def silu_mul_cases(s: ModelShape) -> list[dict]:
+    from ..silu_mul import _silu_mul_kernel
+    args = {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "stride_in": 2 * s.intermediate,
+            "stride_out": s.intermediate, "N": s.intermediate, "BLOCK": min(1024, _pow2(s.intermediate))}
+    return [launch_case(s.name, _silu_mul_kernel, args)]
+
+
 def lesson_cases() -> list[dict]:
-    builders = (decode_cases, reduce_cases, prefill_cases, kv_write_cases, norm_cases, rotary_cases)
+    builders = (decode_cases, reduce_cases, prefill_cases, kv_write_cases, norm_cases, rotary_cases,
+                rotary_write_kv_cases, silu_mul_cases)
     return [{**case, "source": "lesson"} for build in builders for s in SHAPES for case in build(s)]
 
 

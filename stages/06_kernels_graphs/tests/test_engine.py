@@ -10,6 +10,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
+from course.s06_kernels_graphs.backends import TritonPagedBackend
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
 
@@ -113,11 +114,37 @@ def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, name,
     want = stage04(model, byte_tok, params, "roomy")
     graphed, run = [], ModelRunner.run
     monkeypatch.setattr(ModelRunner, "run", lambda self, *a: graphed.append((out := run(self, *a)).graphed) or out)
+    fused_rotary, rotary_forward = [], TritonPagedBackend.rotary_forward
+    monkeypatch.setattr(TritonPagedBackend, "rotary_forward",
+                        lambda self, *a: fused_rotary.append(a[0]) or rotary_forward(self, *a))
     got, engine = stage06(model, byte_tok, params, "roomy", attention_backend="triton", cuda_graphs=graphs,
-                          fused=graphs, triton_kernels=kernels)  # fused Triton norm/RoPE ride along with graphs
+                          fused=graphs, triton_kernels=kernels)  # fused Triton kernels ride along with graphs
     assert got == want
+    assert bool(fused_rotary) == graphs  # the fused model's RoPE ran in the KV write's launch
     assert engine.stats()["backend"] == "triton"
     assert all(graphed) if graphs else not any(graphed)
+
+
+def test_fused_triton_layer_makes_one_launch_for_rope_and_kv_write_and_one_for_silu_mul(monkeypatch):
+    """Counted per decode step: each layer calls the fused RoPE + KV write and silu_mul once, and
+    never the separate RoPE kernel, the separate KV write or torch's silu."""
+    from course.s03_paged.paged_attention import PagedKVCache
+    from course.s06_kernels_graphs import kv_write, rotary, silu_mul
+    from course.s06_kernels_graphs.backends import make_backend
+    from course.s06_kernels_graphs.fused_model import FusedCausalLM
+
+    calls = []
+    for module, name in ((rotary, "apply_rotary_and_write_kv"), (rotary, "apply_rotary_"), (kv_write, "write_kv"),
+                         (silu_mul, "silu_mul"), (torch.nn.functional, "silu")):
+        counted = lambda *a, _f=getattr(module, name), _n=name, **kw: calls.append(_n) or _f(*a, **kw)  # noqa: E731
+        monkeypatch.setattr(module, name, counted)
+    model = tiny_model("gqa_tied")
+    backend = make_backend("triton", PagedKVCache(model.config, 9, 16))
+    fused = FusedCausalLM(model).follow(backend)
+    ModelRunner(fused, backend, max_num_tokens=1, max_num_seqs=1, max_blocks_per_seq=8, dummy_block=8).run(
+        [1], [(20, 1, list(range(8)))], [0])
+    layers = model.config.num_hidden_layers
+    assert sorted(calls) == sorted(["apply_rotary_and_write_kv", "silu_mul"] * layers)
 
 
 def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
