@@ -303,7 +303,7 @@ def test_draft_free_requests_share_one_batched_sampling_call_per_step(byte_tok, 
     one stage 04 `sample_batch` call per step, beside the drafted chunks' verification."""
     import course.s04_continuous_batching.engine as batching
     calls, real = [], batching.sample_batch
-    monkeypatch.setattr(batching, "sample_batch", lambda logits, seqs: (calls.append(len(seqs)), real(logits, seqs))[1])
+    monkeypatch.setattr(batching, "sample_batch", lambda logits, seqs, *rest: (calls.append(len(seqs)), real(logits, seqs, *rest))[1])
     model = tiny_model("gqa_tied")
     params = [GREEDY if i % 2 else SamplingParams(max_new_tokens=16, temperature=0, ignore_eos=True, logprobs=1)
               for i in range(len(PROMPTS))]

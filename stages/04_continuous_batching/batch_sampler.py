@@ -10,13 +10,19 @@ that samples 64 requests pays that 64 times. `sample_batch` takes the step's log
   batched    greedy rows: one argmax. Sampled rows, as one sub-batch: temperature, top-k,
              top-p, min-p with one parameter per row, each applied to the rows that enable it
              (a disabled filter is never applied, exactly as in stage 01's `process_logits`),
-             then one argmax over their exponential race (each row's draws come from its own
-             request's generator);
+             then one argmax over their exponential race;
   once       ONE `.tolist()` for the tokens (and logprobs): the step's only host sync.
 
-The contract (tests/test_batch_sampler.py): every request gets exactly the token stage 01's
-per-row sampler gives it, and consumes its generator identically. Where a request's own code
-raises (its processor), that row alone gets the exception; the others are sampled.
+The race's noise: a seeded row draws from its own request's generator (one `exponential_` per
+row), so a seeded request gets the tokens it gets alone, in any crowd. Given a `shared`
+generator (the engine's), every unseeded row draws from it, all in ONE call per step: no seed
+was asked for, so no request needs its own stream, and 64 unseeded rows cost one launch, not 64.
+
+The contract (tests/test_batch_sampler.py): without `shared`, every request gets exactly the
+token stage 01's per-row sampler gives it, and consumes its generator identically; with it, the
+same for greedy and seeded rows, and the unseeded rows get what stage 01's sampler gives when
+they all draw, in row order, from that one generator. Where a request's own code raises (its
+processor), that row alone gets the exception; the others are sampled.
 """
 from __future__ import annotations
 
@@ -36,9 +42,12 @@ class Sample:
     top_logprobs: list[tuple[int, float]] | None = None
 
 
-def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample | Exception]:
-    """logits: [len(seqs), vocab], row i for seqs[i] (the caller appends the tokens). Returns,
-    per row, its Sample, or the exception its processors or penalties raised."""
+def sample_batch(logits: torch.Tensor, seqs: list[Sequence],
+                 shared: torch.Generator | None = None) -> list[Sample | Exception]:
+    """logits: [len(seqs), vocab], row i for seqs[i] (the caller appends the tokens). shared:
+    the generator every unseeded row draws from, in one call (None: each row draws from its own
+    request's generator, stage 01's reference). Returns, per row, its Sample, or the exception
+    its processors or penalties raised."""
     if logits.dim() != 2 or logits.shape[0] != len(seqs):
         raise ValueError(f"expected logits [{len(seqs)}, vocab], got shape {tuple(logits.shape)}")
     results: list[Sample | Exception | None] = [None] * len(seqs)
@@ -47,14 +56,14 @@ def sample_batch(logits: torch.Tensor, seqs: list[Sequence]) -> list[Sample | Ex
         try:
             if seq.params.logits_processors or has_penalties(seq.params):
                 work[i] = _row_logits(logits[i], seq)
-            _check_row(seq, logits.shape[-1], work.device)
+            _check_row(seq, logits.shape[-1], work.device, shared)
         except Exception as e:  # this request's own code failed: drop its row, keep the others
             results[i] = e
     alive = [i for i, r in enumerate(results) if r is None]
     if len(alive) < len(seqs):
         index = torch.tensor(alive, dtype=torch.long, device=logits.device)
         work, logits = work[index], logits[index]
-    for i, sample in zip(alive, _sample_rows(work, logits, [seqs[i] for i in alive])):
+    for i, sample in zip(alive, _sample_rows(work, logits, [seqs[i] for i in alive], shared)):
         results[i] = sample
     return results
 
@@ -71,15 +80,16 @@ def _row_logits(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return apply_penalties(row.to(torch.float32, copy=True), seq.params, seq.prompt_ids, seq.output_ids)
 
 
-def _check_row(seq: Sequence, vocab: int, device: torch.device) -> None:
+def _check_row(seq: Sequence, vocab: int, device: torch.device, shared: torch.Generator | None) -> None:
     """Fail here, alone, what would otherwise fail inside the batched ops for everyone."""
     if seq.params.logprobs is not None and seq.params.logprobs > vocab:
         raise ValueError(f"logprobs={seq.params.logprobs} asks for more than the vocabulary ({vocab} tokens)")
-    if not seq.params.greedy:
+    if draws_own_noise(seq, shared):
         seq.sampler._generator_for(device)  # made (seeded) now, or a ValueError: it lives on another device
 
 
-def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence]) -> list[Sample]:
+def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence],
+                 shared: torch.Generator | None) -> list[Sample]:
     """work: each row's float32 logits after processors and penalties; raw: the model's logits."""
     if not seqs:
         return []
@@ -93,7 +103,7 @@ def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence]) ->
         everyone = len(sampled) == len(seqs)
         index = None if everyone else torch.tensor(sampled, dtype=torch.long, device=work.device)
         x = filter_rows(work if everyone else work[index], [params[i] for i in sampled])
-        drawn = _race(x, [seqs[i] for i in sampled]).max(dim=-1).indices
+        drawn = _race(x, [seqs[i] for i in sampled], shared).max(dim=-1).indices
         tokens = drawn if everyone else tokens.index_put_((index,), drawn)
 
     host = _to_host(tokens, *_logprobs(raw, tokens, params))  # the one sync
@@ -102,15 +112,34 @@ def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence]) ->
     return samples
 
 
-def _race(x: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Stage 01's exponential race, row by row the same draws: p / q with q ~ Exponential(1)
-    from each row's own generator, one number per vocab entry. The argmax of a row is its sample."""
+def _race(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
+    """Stage 01's exponential race: p / q with q ~ Exponential(1), one number per vocab entry.
+    The argmax of a row is its sample."""
     probs = torch.softmax(x, dim=-1)
-    q = torch.empty_like(probs)
-    for row, seq in zip(q, seqs):
-        row.exponential_(generator=seq.sampler._generator_for(q.device))
+    q = exponential_noise(probs, seqs, shared)
     q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would make 0/0 = NaN for a -inf token
     return probs / q
+
+
+def draws_own_noise(seq: Sequence, shared: torch.Generator | None) -> bool:
+    """A sampled row draws from its request's own generator when it asked for a seed (or when
+    there is no shared generator); an unseeded one draws from the shared generator."""
+    return not seq.params.greedy and (shared is None or seq.params.seed is not None)
+
+
+def exponential_noise(like: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
+    """q ~ Exponential(1) shaped like `like` [rows, vocab]: each seeded row from its own
+    generator (stage 01's draws, row by row), every unseeded row from `shared` in ONE call."""
+    q = torch.empty_like(like)
+    own = [j for j, seq in enumerate(seqs) if draws_own_noise(seq, shared)]
+    for j in own:
+        q[j].exponential_(generator=seqs[j].sampler._generator_for(q.device))
+    if len(own) < len(seqs):
+        if not own:  # every row unseeded: draw straight into q
+            return q.exponential_(generator=shared)
+        rest = torch.tensor(sorted(set(range(len(seqs))) - set(own)), dtype=torch.long, device=q.device)
+        q[rest] = torch.empty((len(rest), q.shape[-1]), dtype=q.dtype, device=q.device).exponential_(generator=shared)
+    return q
 
 
 def filter_rows(work: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -6,13 +6,14 @@
 * run: their tokens are flattened into ONE ragged batch (prefill chunks and single-token
   decodes side by side) and go through the model with stage 03's paged attention;
 * postprocess: every request whose tokens are all computed samples its next token (one batched
-  call for all of them, each row with its request's own seeded generator, so a request's output
-  does not depend on its neighbours), streams the text, and is retired when it finishes; its
-  blocks go back to the pool at once.
+  call for all of them; a seeded request draws from its own generator, so its output does not
+  depend on its neighbours; the unseeded ones share the engine's generator, one draw per step),
+  streams the text, and is retired when it finishes; its blocks go back to the pool at once.
 """
 from __future__ import annotations
 
 import itertools
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -74,6 +75,8 @@ class LLMEngine:
         self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
         self.step_log: list[dict] = []  # what each step scheduled (tests assert on it)
+        # every unseeded request's sampling noise, drawn for all of them in one call per step
+        self.unseeded_generator = torch.Generator(device=model.device).manual_seed(secrets.randbits(63))
 
     # ---- the API --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams, priority: int = 0) -> int:
@@ -177,7 +180,7 @@ class LLMEngine:
             if req.num_computed_tokens == req.num_tokens:  # not a prefill chunk short of the end
                 sampling.append(req)
         outputs = []
-        samples = sample_batch(logits, [req.seq for req in sampling]) if sampling else []
+        samples = sample_batch(logits, [req.seq for req in sampling], self.unseeded_generator) if sampling else []
         for req, sample in zip(sampling, samples):
             try:
                 if isinstance(sample, Exception):  # its processor raised inside sample_batch

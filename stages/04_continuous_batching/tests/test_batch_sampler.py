@@ -65,10 +65,10 @@ def twins(params: list[SamplingParams], tok) -> tuple[list[Sequence], list[Seque
     return ref, new
 
 
-def step_both(ref, new, logits, members) -> None:
+def step_both(ref, new, logits, members, shared=None) -> None:
     """Sample `members` (indices into ref/new, in batch order) both ways from the same logits."""
     expected = [ref[m].sample_and_append(row) for m, row in zip(members, logits.clone())]
-    got = sample_batch(logits, [new[m] for m in members])
+    got = sample_batch(logits, [new[m] for m in members], shared)
     for m, event, sample in zip(members, expected, got):
         assert not isinstance(sample, Exception), sample
         assert sample.token_id == event.token_id, (m, new[m].params)
@@ -236,8 +236,11 @@ def test_batch_sampler_engine_gives_what_row_by_row_sampling_gave(byte_tok):
     for engine_cls in (RowByRowEngine, LLMEngine):
         engine = engine_cls(model, byte_tok, EngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=24))
         ids = [engine.add_request(prompts[i % len(prompts)], sp) for i, sp in enumerate(params)]
+        engine.unseeded_generator.manual_seed(7)
         for r, seq in zip(ids, (engine.requests[r].seq for r in ids)):
-            seq.sampler.seed = 1000 + r  # the unseeded request too
+            seq.sampler.seed = 1000 + r
+            if seq.params.seed is None:  # row by row, the unseeded draw in turn from the engine's generator
+                seq.sampler._generator = engine.unseeded_generator
         events = []
         while engine.has_unfinished():
             events += [(o.request_id, o.event and (o.event.token_id, o.event.text, o.event.finish_reason,
@@ -246,3 +249,76 @@ def test_batch_sampler_engine_gives_what_row_by_row_sampling_gave(byte_tok):
         runs.append((sorted(events, key=lambda e: e[0]), [engine.requests[r].finish_reason for r in ids]))
     assert runs[0] == runs[1]
     assert runs[1][1][-1] == "error" and runs[1][1].count("error") == 1
+
+
+# ---- the shared generator: every unseeded row's noise in one call -------------------------------
+
+def unseeded_crowd(vocab: int, n: int) -> list[SamplingParams]:
+    """mixed_params (greedy and seeded rows) with unseeded rows between them."""
+    p = lambda **kw: SamplingParams(max_new_tokens=n, ignore_eos=True, **kw)  # noqa: E731
+    extra = [p(), p(temperature=0.5, top_p=0.9), p(top_k=7, logprobs=2), p(min_p=0.2, repetition_penalty=1.2),
+             p(temperature=1.4, logits_processors=[every_third])]
+    out = []
+    for i, sp in enumerate(mixed_params(vocab, n)):
+        out += [sp] + ([extra[i // 3]] if i % 3 == 0 and i // 3 < len(extra) else [])
+    return out
+
+
+@pytest.mark.parametrize("vocab,steps", [(1000, 20), (49152, 2)])
+def test_batch_sampler_shared_draw_keeps_greedy_and_seeded_rows_exact(byte_tok, vocab, steps):
+    """With the engine's shared generator: greedy and seeded rows get stage 01's tokens and their
+    own generators are consumed identically; the unseeded rows get stage 01's tokens when they all
+    draw, in row order, from one generator (the one-call draw equals the row-by-row draws on the
+    CPU), and never make generators of their own."""
+    params = unseeded_crowd(vocab, steps)
+    assert sum(p.seed is None and not p.greedy for p in params) == 6
+    ref, new = twins(params, byte_tok)
+    ref_shared, shared = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+    for seq, sp in zip(ref, params):
+        if sp.seed is None:
+            seq.sampler._generator = ref_shared
+    g = torch.Generator().manual_seed(vocab)
+    for step in range(steps):
+        members = torch.randperm(len(params), generator=g)[:int(torch.randint(1, len(params) + 1, (), generator=g))]
+        members = members.tolist() if step else list(range(len(params)))
+        step_both(ref, new, random_logits(g, len(members), vocab), members, shared)
+    seeded = [m for m, sp in enumerate(params) if sp.seed is not None]
+    assert_same_generators([ref[m] for m in seeded], [new[m] for m in seeded])
+    assert [a.output_ids for a in ref] == [b.output_ids for b in new]
+    assert torch.equal(ref_shared.get_state(), shared.get_state())
+    assert all(new[m].sampler._generator is None for m, sp in enumerate(params) if sp.seed is None)
+
+
+def test_batch_sampler_draws_unseeded_noise_in_one_call(byte_tok, monkeypatch):
+    """One exponential_ per seeded row, one for all the unseeded rows together, none for greedy rows."""
+    calls = []
+    original = torch.Tensor.exponential_
+    monkeypatch.setattr(torch.Tensor, "exponential_",
+                        lambda self, *a, **kw: (calls.append(self.shape[0] if self.dim() == 2 else 1),
+                                                original(self, *a, **kw))[1])
+    params = [SamplingParams(), SamplingParams(seed=3), SamplingParams(temperature=0), SamplingParams(top_p=0.8),
+              SamplingParams(seed=4, top_k=5), SamplingParams(temperature=0.3), SamplingParams(temperature=0)]
+    seqs = [Sequence([1], sp, byte_tok) for sp in params]
+    sample_batch(torch.randn(len(seqs), 100), seqs, torch.Generator().manual_seed(0))
+    assert sorted(calls) == [1, 1, 3]  # two seeded rows, then the three unseeded ones in one call
+    calls.clear()
+    sample_batch(torch.randn(len(seqs), 100), seqs)  # no shared generator: stage 01's per-row draws
+    assert calls == [1] * 5
+
+
+def test_batch_sampler_shared_draw_samples_the_right_distribution(byte_tok):
+    """Many unseeded rows over one fixed distribution (temperature and top-k applied), drawn
+    through the shared generator: a chi-square test of the token counts against the expected
+    probabilities (7 degrees of freedom; 24.32 is the 0.1% critical value), with a fixed seed."""
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0])
+    params = SamplingParams(temperature=0.8, top_k=8)
+    expected = torch.softmax(process_logits(logits, params, [], []), dim=-1)
+    seqs = [Sequence([1], params, byte_tok) for _ in range(64)]
+    shared, counts = torch.Generator().manual_seed(0), torch.zeros(10)
+    for _ in range(150):
+        for sample in sample_batch(logits.expand(len(seqs), -1).clone(), seqs, shared):
+            counts[sample.token_id] += 1
+    assert counts[8:].sum() == 0  # outside top-k: never
+    n = counts.sum()
+    chi2 = float((((counts[:8] - n * expected[:8]) ** 2) / (n * expected[:8])).sum())
+    assert chi2 < 24.32, (chi2, counts / n, expected)

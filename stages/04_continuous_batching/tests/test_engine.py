@@ -62,6 +62,21 @@ def test_batching_seeded_sampling_independent_of_neighbours(byte_tok):
     assert by_itself == run_to_end(PagedGenerator(model, 64), model, byte_tok, target, params).token_ids
 
 
+def test_batching_seeded_sampling_independent_of_unseeded_neighbours(byte_tok):
+    """Unseeded neighbours draw their noise from the engine's shared generator, all in one call
+    a step; the seeded requests beside them still get the tokens they get alone."""
+    model = tiny_model("gqa_tied")
+    seeded = [SamplingParams(max_new_tokens=16, temperature=1.0, top_p=0.9, seed=s, ignore_eos=True) for s in (5, 6)]
+    alone = [LLMEngine(model, byte_tok).generate([p], sp)[0].token_ids for p, sp in zip(prompts(2)[:2], seeded)]
+    crowd = prompts(4)
+    unseeded = [SamplingParams(max_new_tokens=10 + i, temperature=1.2, ignore_eos=True) for i in range(len(crowd))]
+    engine = LLMEngine(model, byte_tok, EngineConfig(max_num_batched_tokens=16))
+    params = unseeded[:2] + seeded[:1] + unseeded[2:5] + seeded[1:] + unseeded[5:]
+    outs = engine.generate(crowd[:2] + prompts(2)[:1] + crowd[2:5] + prompts(2)[1:2] + crowd[5:], params)
+    assert [outs[2].token_ids, outs[6].token_ids] == alone
+    assert all(engine.requests[r].seq.sampler._generator is None for r, sp in enumerate(params) if sp.seed is None)
+
+
 def test_batching_abort_frees_blocks_at_once(byte_tok):
     model = tiny_model("gqa_tied")
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=40, block_size=4))
