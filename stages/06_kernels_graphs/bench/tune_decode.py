@@ -20,35 +20,12 @@ import torch
 from course.s01_decode_loop.measure import bench_cli
 
 from ..decode_attention import BLOCK_N, choose_num_splits, paged_decode_attention
+from .ceilings import graph_time
 from .roofline import copy_bandwidth
 from ..testing import decode_pool, make_paged_case, reference_attention
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 64, 16  # Llama-3.2-1B's attention shape, as bench_kernels
 SHAPES = [(1, 2048), (1, 8192), (8, 2048), (32, 2048), (64, 2048), (64, 8192)]
-LAUNCHES = 10
-
-
-def graph_time(fn, launches: int = LAUNCHES, reps: int = 5) -> float:
-    """Median seconds per launch of `fn`, from replays of a graph holding `launches` of them."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # compile and warm outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / launches)
-    return sorted(times)[len(times) // 2]
 
 
 def sweep(dtype=torch.bfloat16) -> list[dict]:
