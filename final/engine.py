@@ -201,7 +201,7 @@ class Engine(LLMEngine):
                     self.scheduler.finish(req)
                     self._acceptance_rngs.pop(req.request_id, None)
             if not req.finished:
-                self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
+                self.blocks.commit(req.request_id, req.all_ids, req.num_computed_tokens)
         if plain:  # (when nothing was drafted, every logits row is theirs: no gather)
             outputs += super()._postprocess(plain, logits if len(plain_rows) == len(logits) else logits[plain_rows])
         return outputs

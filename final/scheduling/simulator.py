@@ -60,7 +60,7 @@ class SimSequence:
 
     def __init__(self, prompt_ids: list[int], arrival_s: float):
         self.prompt_ids, self.output_ids, self.start_time = list(prompt_ids), [], arrival_s
-        self.all_ids = list(prompt_ids)  # kept up to date (the real one concatenates on every call)
+        self.all_ids = list(prompt_ids)  # one growing buffer, as in the real one
 
     def append(self, token_id: int) -> None:
         self.output_ids.append(token_id)
@@ -108,7 +108,7 @@ def simulate(trace: list[TraceRequest], cost: CostModel, config: EngineConfig, p
             req.num_computed_tokens += n
             seq = req.seq
             caught_up = req.num_computed_tokens == req.num_tokens
-            blocks.commit(req.request_id, seq.all_ids if caught_up else seq.all_ids[:req.num_computed_tokens])
+            blocks.commit(req.request_id, seq.all_ids, req.num_computed_tokens)
             if not caught_up:
                 continue
             seq.append(0)  # any id: block hashes chain from the prompt, which is unique

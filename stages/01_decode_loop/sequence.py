@@ -52,6 +52,9 @@ class Sequence:
         self.prompt_ids = list(prompt_ids)
         self.params = params
         self.output_ids: list[int] = []
+        # prompt then output in ONE list that grows by a token per append: an engine slices it
+        # every step instead of building prompt_ids + output_ids for every request
+        self._all_ids = list(self.prompt_ids)
         self.finish_reason: str | None = None
         self.sampler = Sampler(params)
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids=self.prompt_ids)
@@ -63,7 +66,8 @@ class Sequence:
 
     @property
     def all_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """Prompt then output ids: the sequence's own growing buffer, not a copy (read, never write)."""
+        return self._all_ids
 
     @property
     def finished(self) -> bool:
@@ -88,6 +92,7 @@ class Sequence:
         """Record a sampled token; return the text it makes safe to emit."""
         assert not self.finished, "append() after the sequence finished"
         self.output_ids.append(token_id)
+        self._all_ids.append(token_id)
         self.token_times.append(time.perf_counter() - self.start_time)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"  # the stop token's own text is not shown

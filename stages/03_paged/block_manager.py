@@ -138,14 +138,16 @@ class BlockManager:
             self.free_ids.append(b)
         del table[self.blocks_needed(num_tokens):]
 
-    def commit(self, seq_id: int, token_ids: list[int]) -> None:
-        """`token_ids` now have K/V in the cache: name each newly full block by its hash so
-        later requests can reuse it."""
+    def commit(self, seq_id: int, token_ids: list[int], num_tokens: int | None = None) -> None:
+        """The first `num_tokens` of `token_ids` (default: all) now have K/V in the cache: name
+        each newly full block by its hash so later requests can reuse it. (A count, so an engine
+        passes a sequence's whole id buffer instead of copying its computed prefix.)"""
         if not self.enable_prefix_caching:
             return
         table = self.tables[seq_id]
         done, prev = self.hashed[seq_id]
-        for i in range(done, len(token_ids) // self.block_size):
+        num_tokens = len(token_ids) if num_tokens is None else num_tokens
+        for i in range(done, num_tokens // self.block_size):
             prev = hash_block(prev, token_ids[i * self.block_size:(i + 1) * self.block_size])
             block = self.blocks[table[i]]
             if prev not in self.hash_to_block:  # an identical block computed twice keeps one name

@@ -176,7 +176,7 @@ class LLMEngine:
         sampling = []  # requests with a logits row, in row order
         for req, n in chunks:
             req.num_computed_tokens += n
-            self.blocks.commit(req.request_id, req.all_ids[:req.num_computed_tokens])
+            self.blocks.commit(req.request_id, req.all_ids, req.num_computed_tokens)
             if req.num_computed_tokens == req.num_tokens:  # not a prefill chunk short of the end
                 sampling.append(req)
         outputs = []

@@ -80,3 +80,15 @@ def test_logits_processors_shape_the_choice_and_see_the_output_so_far(byte_tok):
 def test_logits_processors_must_be_callables():
     with pytest.raises(ValueError, match="logits_processors"):
         SamplingParams(logits_processors=[1])
+
+
+def test_sequence_keeps_its_ids_in_one_growing_buffer(byte_tok):
+    """all_ids is the prompt then the output, kept in one list that grows by a token per append
+    (an engine slices it every step; nothing concatenates prompt and output)."""
+    prompt = [5, 6, 7]
+    seq = Sequence(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True), byte_tok)
+    buffer = seq.all_ids
+    for token in (70, 71, 72):
+        seq.append(token)
+        assert seq.all_ids is buffer and buffer == seq.prompt_ids + seq.output_ids
+    assert prompt == [5, 6, 7] and seq.prompt_ids == [5, 6, 7]  # the caller's list and the prompt stay as given

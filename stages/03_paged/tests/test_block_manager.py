@@ -135,6 +135,19 @@ def test_block_manager_prefix_hits_reuse_full_blocks_only():
     assert [bm.blocks[i].ref_count for i in bm.tables[0][:2]] == [2, 2]
 
 
+def test_block_manager_commit_of_a_count_equals_commit_of_the_prefix():
+    """commit(id, ids, n) names the same blocks as commit(id, ids[:n]): an engine passes its
+    sequence's whole id buffer and how many have K/V."""
+    ids = list(range(30))
+    by_count, by_prefix = BlockManager(num_blocks=8, block_size=4), BlockManager(num_blocks=8, block_size=4)
+    for bm in (by_count, by_prefix):
+        bm.allocate(0, ids)
+    for n in (3, 9, 16, 30):
+        by_count.commit(0, ids, n)
+        by_prefix.commit(0, ids[:n])
+        assert by_count.hashed == by_prefix.hashed and by_count.hash_to_block == by_prefix.hash_to_block
+
+
 def test_block_manager_fully_cached_prompt_recomputes_last_block():
     bm = BlockManager(num_blocks=8, block_size=4)
     a = list(range(8))
