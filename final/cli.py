@@ -49,7 +49,8 @@ def kernel_options(args: argparse.Namespace) -> dict:
     device = pick_device(args.device)
     return kernel_defaults(device, pick_dtype(getattr(args, "dtype", "auto"), device),
                            attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs, fused=args.fused,
-                           linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
+                           linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None),
+                           overlap=getattr(args, "overlap", None))
 
 
 def build_server(args: argparse.Namespace, memory_info=None):
@@ -124,6 +125,8 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     k.add_argument("--graph-max-num-tokens", type=int, default=512,
                    help="largest token count of a captured mixed step (prefill chunks, verifications); 0: "
                         "decode steps only")
+    k.add_argument("--overlap", action=argparse.BooleanOptionalAction,
+                   help="launch a steady decode step before reading the last one's tokens (default: on with CUDA)")
     k.add_argument("--fused", action=argparse.BooleanOptionalAction,
                    help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on, except on a "
                         "1-thread CPU with unsplit linears)")
