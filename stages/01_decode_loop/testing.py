@@ -2,7 +2,7 @@
 
 Each config exercises something the real model would not: grouped-query and multi-query
 attention, odd head counts, untied lm_head, Qwen2-style q/k/v biases, Llama-3 RoPE scaling,
-a head_dim that is not hidden/heads. Weights are seeded, so every run sees the same model.
+a head_dim that is not hidden/heads, Qwen3's per-head q/k norm. Weights are seeded, so every run sees the same model.
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
                                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64}}),
+    "qwen3": ModelConfig(**{**_BASE, "hidden_size": 48, "head_dim": 32, "tie_word_embeddings": True, "qk_norm": True,
+                            "model_type": "qwen3", "rope_theta": 1_000_000.0}),  # heads x head_dim = 128 > 48
 }
 
 

@@ -70,6 +70,9 @@ def test_config_rejects_non_llama_models():
         ModelConfig.from_hf({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
                              "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
                              "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelConfig.from_hf({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "use_sliding_window": True})
 
 
 def test_config_reads_transformers5_rope_parameters():
