@@ -5,7 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from course.s01_decode_loop import default_model
 from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
-from course.s01_decode_loop.testing import save_hf_folder, tiny_model
+from course.s01_decode_loop.testing import save_hf_folder, save_transformers_model, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 
 
@@ -30,19 +30,12 @@ def test_weights_hf_folder_round_trip(tmp_path, byte_tok):
 def test_weights_a_qwen3_folder_transformers_wrote_loads_and_agrees(tmp_path, byte_tok):
     """Qwen3 as transformers lays it out (its own config and save_pretrained): per-head q/k norm
     weights, biases on q/k/v/o (attention_bias), head_dim independent of hidden/heads."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config
 
     config = Qwen3Config(vocab_size=258, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
                          tie_word_embeddings=False, eos_token_id=257)
-    torch.manual_seed(0)
-    hf = Qwen3ForCausalLM(config).eval()
-    with torch.no_grad():  # norm weights away from 1, so a norm we skipped would show
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.add_(0.1 * torch.randn_like(p))
-    hf.save_pretrained(tmp_path)
-    byte_tok.save_pretrained(tmp_path)
+    hf = save_transformers_model(config, byte_tok, tmp_path)
     loaded = load_model(tmp_path)
     c = loaded.config
     assert (c.model_type, c.architecture, c.qk_norm, c.qkv_bias, c.o_bias, c.head_dim) == \
