@@ -46,7 +46,7 @@ def test_cli_serves_a_qwen3_folder_transformers_wrote(tmp_path, byte_tok):
 
     byte_tok.chat_template = CHAT_TEMPLATE
     config = Qwen3Config(vocab_size=258, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
                          bos_token_id=256, eos_token_id=257)
     hf = save_transformers_model(config, byte_tok, tmp_path)
     messages = [{"role": "user", "content": "hi"}]

@@ -31,7 +31,7 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
                                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64}}),
-    "qwen3": ModelConfig(**{**_BASE, "hidden_size": 48, "head_dim": 32, "tie_word_embeddings": True, "qk_norm": True,
+    "qwen3": ModelConfig(**{**_BASE, "hidden_size": 48, "head_dim": 32, "qk_norm": True,
                             "model_type": "qwen3", "rope_theta": 1_000_000.0}),  # heads x head_dim = 128 > 48
 }
 

@@ -90,7 +90,7 @@ def _side(fused, one_call=True):
                                            max_blocks_per_seq=MAX_BLOCKS, dummy_block=BLOCKS)
 
 
-@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied"])
+@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "qwen3"])
 def test_int8_one_call_layers_equal_the_dequantized_float_model(name, spy):
     """With int8 weights the C layer computes what float32 weights equal to the dequantized
     int8 ones compute (activations float32 between the products; inside them, rounded to int16
