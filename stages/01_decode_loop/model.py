@@ -42,8 +42,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=config.o_bias)
-        # Qwen3: an RMSNorm over each head's d channels of q and of k, before RoPE, so no query
-        # or key can grow large enough to make attention's softmax one-hot.
+        # Qwen3: an RMSNorm over each head's d channels of q and of k, before RoPE: a query's and
+        # a key's sizes are then set by learned weights, so attention logits cannot run away.
         self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
 
