@@ -97,7 +97,7 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "course",
-                                            "max_model_len": max_len}]}
+                                            "max_model_len": max_len, "architecture": engine.limits.architecture}]}
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -60,11 +60,12 @@ def stop_cli_server(proc: subprocess.Popen) -> int:
         proc.kill()
 
 
-def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, **config) -> AsyncEngine:
+def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, model: str = "gqa_tied",
+                **config) -> AsyncEngine:
     """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top;
-    `policy`: a scheduling policy (default FCFS)."""
+    `policy`: a scheduling policy (default FCFS); `model`: which of stage 01's tiny configs."""
     byte_tok.chat_template = CHAT_TEMPLATE
-    llm = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
+    llm = Engine(tiny_model(model), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
                  [byte_tok.eos_token_id], speculative, policy=policy)
     return AsyncEngine(llm, ServerMetrics("tiny"))
 

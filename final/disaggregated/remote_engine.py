@@ -287,7 +287,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
                                     router_options={"max_tree_tokens": blocks * args.block_size})
             name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
             max_len = config.max_position_embeddings  # as the workers' engines
-            engine = RemoteEngine(dispatcher, EngineLimits(max_len, config.vocab_size, tuple(eos)),
+            engine = RemoteEngine(dispatcher, EngineLimits(max_len, config.vocab_size, tuple(eos), config.architecture),
                                   WorkerSizes(tokenizer, eos, max_len, blocks, args.block_size),
                                   ServerMetrics(name), max_in_flight=args.max_waiting)
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
