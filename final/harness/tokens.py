@@ -11,23 +11,31 @@ token-id prompts it built itself. Both run on the server's tokenizer thread.
 from __future__ import annotations
 
 from jinja2 import TemplateError
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from ..errors import error
-from ..protocol import Message
+from ..protocol import Message, find_lone_surrogate
 
 
-class TokenizeCompletion(BaseModel):
+class TokenizerBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data):  # as protocol.py's bodies: no tokenizer can take a lone surrogate
+        if (path := find_lone_surrogate(data)) is not None:
+            raise ValueError(f"{path.removeprefix('body.')} holds a lone UTF-16 surrogate; send UTF-8")
+        return data
+
+
+class TokenizeCompletion(TokenizerBody):
     prompt: str
     add_special_tokens: bool = True
     return_token_strs: bool = False
 
 
-class TokenizeChat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
+class TokenizeChat(TokenizerBody):
     messages: list[Message] = Field(min_length=1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -35,9 +43,7 @@ class TokenizeChat(BaseModel):
     return_token_strs: bool = False
 
 
-class Detokenize(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
+class Detokenize(TokenizerBody):
     tokens: list[StrictInt]
 
 

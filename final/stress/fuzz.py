@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .fuzz_harness import HARNESS_HOSTILE
+
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 USER = [{"role": "user", "content": "hi"}]
 
@@ -292,8 +294,10 @@ def body_strategy():
         "response_format": maybe(response_format),
         "max_tokens": maybe(st.integers(1, 8) | st.integers(-5, 10**7)),
     }
-    completion = st.fixed_dictionaries({"prompt": maybe(text)}, optional={
-        **common, "logprobs": maybe(st.integers(-2, 25)), "echo": st.booleans()})
+    token_ids = st.lists(st.integers(-2, 300), min_size=0, max_size=8)  # prompts as harnesses send them too
+    completion = st.fixed_dictionaries({"prompt": maybe(text | token_ids | st.lists(text | token_ids, max_size=3))},
+                                       optional={**common, "logprobs": maybe(st.integers(-2, 25)), "echo": st.booleans(),
+                                                 "prompt_logprobs": maybe(st.integers(-2, 25))})
     chat = st.fixed_dictionaries({"messages": maybe(st.lists(message, min_size=1, max_size=4))}, optional={
         **common, "max_completion_tokens": maybe(st.integers(1, 8) | st.integers(-5, 10**7)),
         "logprobs": maybe(st.booleans()), "top_logprobs": maybe(st.integers(-2, 25)), "tools": anything})
@@ -325,7 +329,7 @@ def run_fuzz(url: str, cases: int = 300, seed: int = 0, deadline_s: float = 60.0
     """The HOSTILE table (if `table`), then `cases` generated bodies, against the server at `url`."""
     report = FuzzReport()
     with httpx.Client(base_url=url) as http:
-        for name, route, body in HOSTILE if table else []:
+        for name, route, body in HOSTILE + HARNESS_HOSTILE if table else []:  # (fuzz_harness.py)
             check_case(http, name, route, body, report, deadline_s)
         if cases:
             run_generated(http, cases, seed, report, deadline_s)
