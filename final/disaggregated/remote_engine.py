@@ -128,7 +128,7 @@ class RemoteEngine(EngineClient):
         if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
             return "response_format is not supported by the disaggregated server (--disaggregated)"
         if any(p.logprobs is not None or getattr(p, "prompt_logprobs", None) is not None for p in request.params):
-            return "logprobs (and echo's or prompt_logprobs' prompt logprobs) are not supported by the disaggregated server"
+            return "logprobs and prompt logprobs are not supported by the disaggregated server (--disaggregated)"
         return None
 
     def submit(self, request: GenerationRequest) -> RemoteStream:
