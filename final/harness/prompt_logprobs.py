@@ -74,11 +74,12 @@ class PromptLogprobs:
 
     def __init__(self, engine):
         self.engine = engine
-        # the scheduler asks the block manager about a waiting request by its token ids only
-        engine.blocks = engine.scheduler.blocks = ScoringBlocks(engine.blocks, self._waiting_scorer)
+        # the scheduler asks the block manager about a request by its token ids only (and may have
+        # taken it off the waiting queue already): find it among the engine's requests
+        engine.blocks = engine.scheduler.blocks = ScoringBlocks(engine.blocks, self._scores)
 
-    def _waiting_scorer(self, token_ids: list[int]) -> bool:
-        return any(req.all_ids is token_ids and asks(req) for req in self.engine.scheduler.waiting)
+    def _scores(self, token_ids: list[int]) -> bool:
+        return any(req.all_ids is token_ids and asks(req) for req in self.engine.requests.values())
 
     @torch.no_grad()
     def collect(self, chunks, hidden: torch.Tensor) -> None:

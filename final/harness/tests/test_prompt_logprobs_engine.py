@@ -1,5 +1,6 @@
 """The engine scores a prompt during its prefill: the same numbers as one full forward, whatever
 the step looks like (chunks, graphs, drafting neighbours, preemption, prefix-cache hits)."""
+import dataclasses
 import math
 
 import pytest
@@ -10,6 +11,7 @@ from course.final.harness.prompt_logprobs import scored
 from course.s01_decode_loop.generate import next_token_logits
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
+from course.s04_continuous_batching.policy import Priority
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 
@@ -24,6 +26,7 @@ def full_forward_rows(model, ids: list[int], k: int) -> list[tuple[float, list[i
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_prompt_rows_equal_a_full_forward_under_chunks_preemption_and_drafts(byte_tok, graphs):
+    """Four requests over a pool too small for them (preemption), prefill in chunks of 12 rows."""
     model = tiny_model("gqa_tied")
     config = KernelEngineConfig(num_blocks=14, block_size=4, max_num_batched_tokens=12, cuda_graphs=graphs,
                                 graph_max_num_tokens=12)
@@ -45,3 +48,23 @@ def test_prompt_rows_equal_a_full_forward_under_chunks_preemption_and_drafts(byt
             assert [i for i, _ in r.top] == top and r.rank >= 1
             assert (r.rank == 1) == (r.token_id == top[0])
     assert llm.blocks.num_free_blocks == llm.blocks.num_blocks  # nothing leaked
+
+
+def test_a_scored_request_that_displaces_a_running_one_skips_the_cache(byte_tok):
+    """Under the priority policy a newcomer takes a running request's seat (it leaves the queue
+    before its blocks are allocated): its cached prefix is still recomputed and scored."""
+    model = tiny_model("gqa_tied")
+    config = KernelEngineConfig(num_blocks=32, block_size=4, max_num_seqs=1, max_num_batched_tokens=8)
+    llm = Engine(model, byte_tok, config, [byte_tok.eos_token_id], policy=Priority())
+    ids = byte_tok("a prompt of some twenty tokens").input_ids
+    plain = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
+    llm.generate([ids], plain)  # its blocks are cached now
+    llm.add_request(byte_tok("a long low-priority one").input_ids, dataclasses.replace(plain, max_new_tokens=30), 5)
+    llm.step()
+    rows = []
+    rid = llm.add_request(ids, scored(plain, 1, rows), priority=0)
+    while llm.has_unfinished():
+        llm.step()
+    assert llm.requests[rid].finish_reason == "length" and llm.scheduler.num_pauses + llm.scheduler.num_preemptions
+    want = full_forward_rows(model, ids, 1)
+    assert len(rows) == len(want) and all(math.isclose(r.logprob, lp, abs_tol=1e-4) for r, (lp, _) in zip(rows, want))
