@@ -19,6 +19,7 @@ from .launch.kernel_defaults import describe as describe_kernels
 from .launch.kernel_defaults import kernel_defaults, pick_device, pick_dtype
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
+from .security.options import add_door_args, door_from_args, uvicorn_options
 from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
@@ -87,7 +88,7 @@ def build_server(args: argparse.Namespace, memory_info=None):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-    return engine, build_app(engine, loaded.tokenizer, name, limits)
+    return engine, build_app(engine, loaded.tokenizer, name, limits, door_from_args(args))
 
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -155,6 +156,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")
+    add_door_args(s)
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
     d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/disaggregated/remote_engine.py)")
@@ -185,5 +187,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine.start()
-    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout)
+    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout, **uvicorn_options(args.host, app.state.door))
     return 0

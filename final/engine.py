@@ -39,6 +39,7 @@ from course.s06_kernels_graphs.engine import LLMEngine
 from course.s06_kernels_graphs.cpu.split_linear import split_linears
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
+from .harness.prompt_logprobs import PromptLogprobs
 from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
@@ -86,6 +87,7 @@ class Engine(LLMEngine):
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
+        self.prompt_logprobs = PromptLogprobs(self)  # scores the prompts of requests that ask (harness/)
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
         """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
@@ -149,7 +151,9 @@ class Engine(LLMEngine):
         """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
         try:
-            return super()._run(chunks, feed)
+            logits = super()._run(chunks, feed)
+            self.prompt_logprobs.collect(chunks, self.last_hidden)
+            return logits
         finally:
             if pending is not None:
                 pending.result()  # the masks are ready (or will fail again when their request samples)

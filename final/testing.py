@@ -72,12 +72,12 @@ def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=N
 
 @contextlib.contextmanager
 def running_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None,
-                   drain_timeout: float = 5.0):
+                   drain_timeout: float = 5.0, door=None):
     """The app on a free localhost port, served by uvicorn in a thread, as a user would run it.
     Yields (base URL, the GracefulServer: `server.handle_exit(signal.SIGTERM, None)` is what a
     SIGTERM does); stops the server and the engine on exit."""
     engine.start()
-    app = build_app(engine, tokenizer, model_name, limits)
+    app = build_app(engine, tokenizer, model_name, limits, door)  # door: API keys (security/)
     srv = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                         timeout_graceful_shutdown=2),
                          engine, drain_timeout, on_drain=app.state.grammars.cancel_all)

@@ -67,7 +67,7 @@ def test_server_stop_strings(client):
     (json.dumps({"prompt": "x", "logprobs": 21}), 400),        # over MAX_LOGPROBS
     (json.dumps({"prompt": "x", "stop": [""]}), 400),          # an empty stop string
     (json.dumps({"prompt": "x", "seed": "seven"}), 400),
-    (json.dumps({"prompt": ["x", "y"]}), 400),                 # batched prompts: not supported
+    (json.dumps({"prompt": [["x"], "y"]}), 400),               # neither strings nor token ids
     (json.dumps([1, 2]), 400),                                 # not an object
     (json.dumps({"prompt": "x" * 600, "max_tokens": 10}), 400),  # over the context, with numbers
     (json.dumps({"max_tokens": 3}), 400),                      # no prompt
