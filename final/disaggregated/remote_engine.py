@@ -261,6 +261,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
             raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model folder")
         config = ModelConfig.from_json(model_dir / "config.json")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer.chat_template = getattr(args, "chat_template", None) or tokenizer.chat_template
         kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
         import torch
         blocks = num_kv_blocks(args, kv_memory, config, torch.float32)  # the workers load float32
