@@ -5,9 +5,10 @@ The grammar (stage 08's tools/calls.py) spells every call the same way,
     <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>
 
 so a small state machine reads it a piece at a time: text before the first `<tool_call>` is
-content (minus a tail that might be the start of the tag, held back until it is decided); then
-the name (a call's first delta: its index, id and name); then the arguments, sent on as they
-come; they end at the first `}` outside any string and any nesting, the call's own brace.
+content (minus a tail that might be the start of the tag, held back until it is decided; text
+after a call is dropped); then the name (a call's first delta: its index, id and name); then the
+arguments, sent on as they come; they end at the first `}` outside any string and any nesting,
+the call's own brace.
 `finish()` hands back what was held. The same parser reads a whole answer at once.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ class ToolCallParser:
                 if at < 0:
                     keep = next((k for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1)
                                  if self.buffer.endswith(OPEN[:k])), 0)  # maybe the tag's start
-                    content += self.buffer[:len(self.buffer) - keep]
+                    content += self.buffer[:len(self.buffer) - keep] if not self.calls else ""
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     return content, deltas
                 content += self.buffer[:at] if not self.calls else ""  # text between calls is dropped
