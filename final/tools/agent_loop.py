@@ -26,7 +26,7 @@ TOOLS = [{"type": "function", "function": {
 
 def agent_loop(client: OpenAI, question: str, model: str = "SmolLM2-135M-Instruct") -> list[str]:
     """Two turns: a forced call to the tool, then an answer that reads its result. The lines to print."""
-    messages = [{"role": "developer", "content": "Answer in one sentence, using the tools' results."},
+    messages = [{"role": "developer", "content": "Answer the user in one sentence, using the tool's result."},
                 {"role": "user", "content": question}]
     first = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, tool_choice="required",
                                            parallel_tool_calls=False, temperature=0, max_tokens=100).choices[0]
@@ -34,8 +34,9 @@ def agent_loop(client: OpenAI, question: str, model: str = "SmolLM2-135M-Instruc
     result = get_weather(**json.loads(call.function.arguments))  # valid: the grammar held the arguments
     messages += [first.message.model_dump(exclude_none=True),
                  {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}]
-    second = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, temperature=0,
-                                            max_tokens=60).choices[0]
+    # the answer turn offers no tools: the model answers in words (a 135M model shown the tools
+    # again tends to repeat the result as a call)
+    second = client.chat.completions.create(model=model, messages=messages, temperature=0, max_tokens=60).choices[0]
     return [f"finish_reason: {first.finish_reason}",
             f"call: {call.function.name}({call.function.arguments})",
             f"tool result: {json.dumps(result)}",
