@@ -2,7 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics (Prometheus). `response_format` (json_object / json_schema) holds every choice to
-the schema with stage 08's token masks (structured.py).
+the schema with stage 08's token masks (structured.py); tool calls hold their arguments to their
+functions' schemas the same way (tools/).
 
 No request can hurt another. Everything a request could fail on is checked for that request,
 before it reaches the shared engine step, and answered in OpenAI's error shape (errors.py):

@@ -126,7 +126,8 @@ class RemoteEngine(EngineClient):
             return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
         if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
-            return "response_format is not supported by the disaggregated server (--disaggregated)"
+            return ("response_format and tool calls (tool_choice other than none) are not supported by the "
+                    "disaggregated server (--disaggregated)")
         if any(p.logprobs is not None for p in request.params):
             return "logprobs are not supported by the disaggregated server (--disaggregated)"
         return None

@@ -26,7 +26,8 @@ TOOL_CASES: list[tuple[str, str, object]] = [
     ("tools 5000", CHAT, {"messages": USER, "tools": [tool(f"f{i}") for i in range(5000)]}),
     ("tools 128 wide schemas", CHAT, {"messages": USER, "tool_choice": "required", "max_tokens": 4,
                                       "tools": [tool(f"f{i}", WIDE) for i in range(128)]}),
-    ("tool schema 400 deep", CHAT, {"messages": USER, "tool_choice": "required", "tools": [tool("d", deep_object(400))]}),
+    ("tool schema 400 deep", CHAT, {"messages": USER, "tool_choice": "required",
+                                    "tools": [tool("d", deep_object(400))]}),
     ("tool schema 400 deep, auto", CHAT, {"messages": USER, "tools": [tool("d", deep_object(400))], "max_tokens": 2}),
     ("tool schema $ref loop", CHAT, {"messages": USER, "tool_choice": "required", "tools": [tool("r", {
         "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}})]}),
@@ -42,7 +43,8 @@ TOOL_CASES: list[tuple[str, str, object]] = [
     ("tool_choice a number", CHAT, {"messages": USER, "tools": [tool()], "tool_choice": 5}),
     ("tool_choice required, no tools", CHAT, {"messages": USER, "tool_choice": "required"}),
     ("tool message without id", CHAT, {"messages": USER + [{"role": "tool", "content": "42"}]}),
-    ("tool message id not a string", CHAT, {"messages": USER + [{"role": "tool", "content": "4", "tool_call_id": [1]}]}),
+    ("tool message id not a string", CHAT, {"messages": USER + [{"role": "tool", "content": "4",
+                                                                 "tool_call_id": [1]}]}),
     ("tool_calls on a user message", CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
     ("assistant call arguments not JSON", CHAT, {"max_tokens": 2, "messages": USER + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function", "function": {

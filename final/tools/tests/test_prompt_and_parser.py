@@ -26,7 +26,8 @@ CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", 
 TURNS = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Weather in Oslo?"},
          {"role": "assistant", "content": None, "tool_calls": [CALL]},
          {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 3}'}]
-NATIVE = ("{% for t in tools or [] %}TOOL {{ t.function.name }}{{ '\\n' }}{% endfor %}{% for m in messages %}{{ m.role }}: "
+NATIVE = ("{% for t in tools or [] %}TOOL {{ t.function.name }}{{ '\\n' }}{% endfor %}"
+          "{% for m in messages %}{{ m.role }}: "
           "{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }} {{ c.function.arguments.city }}"
           "{% endfor %}{% else %}{{ m.content }}{% endif %}{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}"
           "{{ '\\n' }}{% endfor %}")
@@ -74,7 +75,8 @@ def test_the_parser_reads_the_same_calls_whole_or_in_pieces(piece):
     firsts = [d for d in deltas if "id" in d]
     assert [d["index"] for d in firsts] == [0, 1] and all(d["id"].startswith("call_") for d in firsts)
     for index, call in enumerate(calls):
-        assert "".join(d["function"]["arguments"] for d in deltas if d["index"] == index) == call["function"]["arguments"]
+        pieces = [d["function"]["arguments"] for d in deltas if d["index"] == index]
+        assert "".join(pieces) == call["function"]["arguments"]
 
 
 def test_text_without_a_call_is_all_content():

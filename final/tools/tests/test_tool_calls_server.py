@@ -58,8 +58,8 @@ def check_calls(message, names=None) -> list:
 
 @pytest.mark.parametrize("name", sorted(TOOLS))
 def test_a_named_call_always_validates(client, name):
-    out = client.chat.completions.create(model="tiny", messages=ASK, tools=list(TOOLS.values()), tool_choice=named(name),
-                                         n=2, temperature=1.0, seed=0, max_tokens=250)
+    out = client.chat.completions.create(model="tiny", messages=ASK, tools=list(TOOLS.values()),
+                                         tool_choice=named(name), n=2, temperature=1.0, seed=0, max_tokens=250)
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls" and choice.message.content is None
         assert [c.function.name for c in check_calls(choice.message)] == [name]
@@ -122,7 +122,7 @@ def test_best_effort_relaxations_are_reported_with_the_function_named(server):
         "type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True,
                                                  "maxItems": 3}}, "required": ["ids"]}}}
     r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
-        "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 120})
+        "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 120, "temperature": 0})
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
     assert "tools[dedupe]" in r.headers["x-structured-output-warnings"]
 
