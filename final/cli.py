@@ -44,6 +44,7 @@ def build_server(args: argparse.Namespace, memory_info=None):
 
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
         loaded = load_model(args.model, dtype=dtype, device=device)
+        loaded.tokenizer.chat_template = getattr(args, "chat_template", None) or loaded.tokenizer.chat_template
         blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info,
                                LLMEngine.reserved_blocks)
         print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens)",
@@ -102,6 +103,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sc.add_argument("--mlfq-levels", type=int, default=8)
     sc.add_argument("--mlfq-starvation", type=float,
                     help="seconds unserved before a request returns to level 0 (default: 100 x the last quantum)")
+    s.add_argument("--chat-template", help="a Jinja file to use instead of the model's chat template (tools/render.py)")
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_flags(args, {name: s.get_default(name) for name in LOCAL_ONLY})
-    except ValueError as e:
+        args.chat_template = args.chat_template and open(args.chat_template).read()  # read before the model loads
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.disaggregated:

@@ -40,7 +40,7 @@ class GenerationRequest:
     priority: int = 0          # for the priority scheduling policy: lower first
     speculative: bool = True   # False: the engine never drafts for it (its neighbours may be drafted for)
     grammars: list | None = None  # one logits processor per choice (a response_format's token masks)
-    constrained: bool = False  # a response_format asks for a grammar (known before it is compiled)
+    constrained: bool = False  # a response_format or tool calls ask for a grammar (known before it is compiled)
     request_id: str = ""       # the id the API answers with (cmpl-..., chatcmpl-...)
 
     @property

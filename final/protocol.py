@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 from course.s01_decode_loop.sampling import SamplingParams
 
 from .harness.fields import HarnessCompletionFields, PromptLogprobsField
+from .tools.protocol import Message, TextPart, ToolFields  # noqa: F401  (the chat roles and tool fields)
 
 MAX_N = 16           # choices per request
 MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
@@ -127,21 +128,7 @@ class CompletionRequest(HarnessCompletionFields, _Common):  # prompt, max_tokens
         return self.logprobs
 
 
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str | list[TextPart]  # guidellm and others send a list of parts
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
-class ChatRequest(PromptLogprobsField, _Common):
+class ChatRequest(PromptLogprobsField, ToolFields, _Common):  # tools, tool_choice: tools/protocol.py
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)

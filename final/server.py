@@ -2,7 +2,8 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /metrics (Prometheus). `response_format` (json_object / json_schema) holds every choice to
-the schema with stage 08's token masks (structured.py).
+the schema with stage 08's token masks (structured.py); tool calls hold their arguments to their
+functions' schemas the same way (tools/).
 
 No request can hurt another. Everything a request could fail on is checked for that request,
 before it reaches the shared engine step, and answered in OpenAI's error shape (errors.py):
@@ -39,8 +40,9 @@ from .harness.completions import Completions
 from .harness.tokens import add_token_routes
 from .security.api_key import Door, protect
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
-from .responses import Choice, Shape, sse
+from .responses import Choice, sse
 from .structured import GrammarCache, warning_headers
+from .tools import grammars as tools, render, shape as tool_shape  # tool calls: the fields, grammars, replies
 
 
 @dataclass
@@ -87,8 +89,8 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
     async def off_loop(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(text_pool, fn, *args)
 
-    def chat_ids(messages: list[dict]) -> list[int]:
-        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def chat_ids(messages: list[dict], tool_list: list[dict] | None) -> list[int]:
+        rendered = tokenizer.apply_chat_template(messages, tools=tool_list, tokenize=False, add_generation_prompt=True)
         return tokenizer(rendered, add_special_tokens=False).input_ids
 
     @app.get("/health")
@@ -113,10 +115,10 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
     async def chat(body: ChatRequest, request: Request):
         async def work():
             engine.check_room(body.n)
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            check_length(sum(len(m["content"]) for m in messages))
+            messages, tool_list = render.chat_prompt(body, tokenizer)  # roles, tools and their results
+            check_length(sum(len(m["content"]) for m in messages) + len(str(tool_list or "")))
             try:
-                ids = await off_loop(chat_ids, messages)
+                ids = await off_loop(chat_ids, messages, tool_list)
             except TemplateError as e:  # the model's template refuses these messages
                 raise ValueError(f"the chat template refused these messages: {e}") from e
             max_tokens = body.max_completion_tokens or body.max_tokens or max(1, max_len - len(ids))
@@ -136,7 +138,7 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the prompt, {max_tokens} for the "
                               "completion). Please reduce the prompt or max_tokens.")
         rid = f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        constrained = body.response_format is not None and body.response_format.type != "text"
+        constrained = tools.uses_grammar(body)  # a response_format's or tool calls' grammar
         request = GenerationRequest(ids, body.sampling_params(max_tokens),  # ValueError for bad sampling values
                                     priority=body.priority, speculative=body.speculative, request_id=rid,
                                     constrained=constrained)
@@ -146,10 +148,10 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
         if why := engine.refuse(request):  # an option this engine cannot honour: named, never ignored,
             return error(400, why)         # and before any schema is compiled for it
         # 400s past its limits; max_tokens: the JSON is closed before it runs out
-        request.grammars = await grammars.processors(body.response_format, request.n, max_tokens)
+        request.grammars = await tools.grammars_for(grammars, body, request.n, max_tokens)
         headers = warning_headers(request.grammars)  # what a best-effort schema compile did not enforce
         stream = engine.submit(request)  # admission: raises at once
-        shape = Shape(kind, request.request_id, int(time.time()), model_name, len(ids), tokenizer)
+        shape = tool_shape.shape_for(body)(kind, request.request_id, int(time.time()), model_name, len(ids), tokenizer)
         if body.stream:
             return StreamingResponse(sse(shape, stream, body.stream_options or StreamOptions(), status_of),
                                      media_type="text/event-stream", background=BackgroundTask(stream.close),

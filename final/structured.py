@@ -59,7 +59,7 @@ def mode_of(response_format) -> str:
 
 def warning_headers(processors) -> dict[str, str]:
     """The response header that lists what best-effort mode did not enforce ({} if nothing)."""
-    warnings = processors[0].matcher.compiled.grammar.warnings if processors else ()
+    warnings = processors[0].compiled.grammar.warnings if processors else ()
     return {WARNINGS_HEADER: json.dumps([w.to_json() for w in warnings])} if warnings else {}
 
 
@@ -78,12 +78,11 @@ class GrammarCache:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self._live: dict[int, CompileBudget] = {}   # compiles queued or running, to cancel at shutdown
 
-    def compile(self, schema, budget: CompileBudget | None = None, mode: str = BEST_EFFORT) -> CompiledGrammar:
-        """Compile (or fetch) a schema. GrammarError (a ValueError) if it is malformed, unsupported
-        (strict mode) or past the budget's limits; CompileCancelled if the budget was cancelled."""
-        grammar = json_schema_to_grammar(schema, budget=budget, mode=mode,  # limits are checked here, fast
-                                         default_bounds=self.default_bounds)  # (best-effort only)
-        key = cache_key(schema, mode, self.default_bounds)
+    def compile(self, key: str | None, budget: CompileBudget | None, build) -> CompiledGrammar:
+        """Compile (or fetch) the grammar `build(budget)` makes (a schema's, or tools/' calls). GrammarError
+        (a ValueError) if it is malformed, unsupported (strict mode) or past the budget's limits;
+        CompileCancelled if the budget was cancelled."""
+        grammar = build(budget)  # the limits are checked here, fast
         if (hit := self.cached(key)) is not None:
             return hit
         with self._lock:
@@ -113,15 +112,19 @@ class GrammarCache:
         schema = ANY_OBJECT if response_format.type == "json_object" else response_format.json_schema.schema_
         mode = mode_of(response_format)
         key = cache_key(schema, mode, self.default_bounds)
-        compiled = self.cached(key) or await self._compile_off_loop(schema, mode)
+        compiled = await self.compiled(key, lambda b: json_schema_to_grammar(  # bounds: best-effort only
+            schema, budget=b, mode=mode, default_bounds=self.default_bounds))
         return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, close_on_budget=self.close_on_budget)
                 for _ in range(n)]
 
-    async def _compile_off_loop(self, schema, mode: str) -> CompiledGrammar:
+    async def compiled(self, key: str | None, build) -> CompiledGrammar:
+        """The grammar `build(budget)` makes, from the cache or compiled on the worker thread."""
+        if (hit := self.cached(key)) is not None:
+            return hit
         budget = CompileBudget(timeout_s=self.timeout_s)  # its clock starts now: queueing counts
         self._live[id(budget)] = budget
         try:
-            return await asyncio.wrap_future(self._pool.submit(self.compile, schema, budget, mode))
+            return await asyncio.wrap_future(self._pool.submit(self.compile, key, budget, build))
         except asyncio.CancelledError:  # the client went away: stop the compile, not just the wait
             budget.cancel()
             raise

@@ -126,7 +126,8 @@ class RemoteEngine(EngineClient):
             return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
         if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
-            return "response_format is not supported by the disaggregated server (--disaggregated)"
+            return ("response_format and tool calls (tool_choice other than none) are not supported by the "
+                    "disaggregated server (--disaggregated)")
         if any(p.logprobs is not None or getattr(p, "prompt_logprobs", None) is not None for p in request.params):
             return "logprobs and prompt logprobs are not supported by the disaggregated server (--disaggregated)"
         return None
@@ -263,6 +264,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
             raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model folder")
         config = ModelConfig.from_json(model_dir / "config.json")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        tokenizer.chat_template = getattr(args, "chat_template", None) or tokenizer.chat_template
         kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
         import torch
         blocks = num_kv_blocks(args, kv_memory, config, torch.float32)  # the workers load float32

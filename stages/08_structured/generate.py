@@ -52,6 +52,7 @@ class GrammarLogitsProcessor:
                  max_new_tokens: int | None = None, close_on_budget: bool = False, margin: int = 16):
         self.max_new_tokens, self.close_on_budget, self.margin = max_new_tokens, close_on_budget, margin
         self.closing_steps = 0  # masks the closing window cut down
+        self.compiled = compiled
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
         self.timings = timings
