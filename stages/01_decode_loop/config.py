@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -35,6 +35,13 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = "llama"
+    # Mixture-of-Experts (moe/): 0 experts = every layer a dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0   # each expert's SwiGLU width
+    norm_topk_prob: bool = True      # renormalise the chosen experts' weights to sum to 1
+    decoder_sparse_step: int = 1     # every step-th layer is MoE ...
+    mlp_only_layers: list[int] = field(default_factory=list)  # ... except these, dense
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -45,6 +52,10 @@ class ModelConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -85,6 +96,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             model_type=model_type,
+            **moe_fields(d),
         )
 
     @classmethod
@@ -115,7 +127,31 @@ class ModelConfig:
         }
         if self.model_type != "qwen2":
             d["attention_bias"] = self.o_bias
+        if self.num_experts:
+            d.update(architectures=[ARCHITECTURES[self.model_type]], num_experts_per_tok=self.num_experts_per_tok,
+                     num_local_experts=self.num_experts, num_experts=self.num_experts,
+                     moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=self.mlp_only_layers)
+            if self.model_type == "mixtral":  # its experts are intermediate_size wide
+                d["intermediate_size"] = self.moe_intermediate_size
         return d
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM"}
+
+
+def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts fields of a HF config dict (none for a dense model). Mixtral's
+    experts are `intermediate_size` wide and always renormalised; Qwen-MoE configs say both."""
+    experts = d.get("num_local_experts") or d.get("num_experts") or 0
+    if not experts:
+        return {}
+    mixtral = d.get("model_type") == "mixtral"
+    return dict(num_experts=experts, num_experts_per_tok=d["num_experts_per_tok"],
+                moe_intermediate_size=d["intermediate_size"] if mixtral else d["moe_intermediate_size"],
+                norm_topk_prob=True if mixtral else bool(d.get("norm_topk_prob", False)),
+                decoder_sparse_step=d.get("decoder_sparse_step") or 1,
+                mlp_only_layers=list(d.get("mlp_only_layers") or []))

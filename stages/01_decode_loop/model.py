@@ -1,4 +1,4 @@
-"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA).
+"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA, Mixtral's experts).
 
 Module and parameter names mirror Hugging Face's LlamaForCausalLM, so its checkpoints load
 with a plain `load_state_dict`. The model works on a *flat* batch: input_ids is [T], the
@@ -14,6 +14,7 @@ from torch import nn
 
 from .attention import AttentionBackend, AttentionMetadata
 from .config import ModelConfig
+from .moe.experts import SparseMoeBlock
 from .rope import RotaryEmbedding, apply_rope
 
 
@@ -74,7 +75,8 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        # a Mixture-of-Experts layer (moe/) where the config says so: same input, same output shape
+        self.mlp = SparseMoeBlock(config) if config.is_moe_layer(layer_idx) else MLP(config)
 
     def forward(self, x, cos, sin, attn, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, meta)

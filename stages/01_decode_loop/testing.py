@@ -2,7 +2,8 @@
 
 Each config exercises something the real model would not: grouped-query and multi-query
 attention, odd head counts, untied lm_head, Qwen2-style q/k/v biases, Llama-3 RoPE scaling,
-a head_dim that is not hidden/heads. Weights are seeded, so every run sees the same model.
+a head_dim that is not hidden/heads, Mixture-of-Experts layers (4 experts, top-2). Weights
+are seeded, so every run sees the same model.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
                                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64}}),
+    "mixtral_moe": ModelConfig(**{**_BASE, "model_type": "mixtral", "num_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 32}),
 }
 
 

@@ -1,0 +1,58 @@
+"""The MoE layer: router + E SwiGLU experts, computed by the simplest loop there is."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .router import route
+
+
+class Experts(nn.Module):
+    """E SwiGLU MLPs, their weights stacked: gate_up_proj [E, 2I, H] (gate rows, then up rows),
+    down_proj [E, H, I]. Names and layout are transformers' own, so its state dict loads as is."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int):
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * inter, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, inter))
+
+    def expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        """Expert e on rows x [n, H]: down(silu(gate(x)) * up(x))."""
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[e])
+
+
+def naive_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """The reference: for every token, for each of its k chosen experts, add weight * expert(x).
+    T * k small products; a decode step (T = 1) touches only its k experts' weights."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights[t].tolist(), ids[t].tolist()):
+            out[t] += w * experts.expert(e, x[t: t + 1])[0]
+    return out
+
+
+class SparseMoeBlock(nn.Module):
+    """Drop-in for the dense MLP of a decoder layer. `experts_kernel(experts, x, weights, ids)`
+    computes the weighted sum; it is the naive loop here, and whoever runs the model may hand
+    it a faster one with the same signature (`use_experts_kernel`)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.experts_kernel = naive_experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.renormalize)
+        return self.experts_kernel(self.experts, x, weights.to(x.dtype), ids)
+
+
+def use_experts_kernel(model: nn.Module, kernel) -> nn.Module:
+    """Run every MoE layer of `model` with `kernel` (same signature as naive_experts)."""
+    for module in model.modules():
+        if isinstance(module, SparseMoeBlock):
+            module.experts_kernel = kernel
+    return model
