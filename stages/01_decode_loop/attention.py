@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .moe.experts import naive_experts
+
 
 @dataclass
 class AttentionMetadata:
@@ -47,6 +49,10 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
+
+    # How the model's Mixture-of-Experts layers compute their experts beside this backend
+    # (moe/experts.py's signature): the naive loop, unless a batching backend offers better.
+    experts_kernel = staticmethod(naive_experts)
 
     @abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

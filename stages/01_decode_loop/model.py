@@ -63,7 +63,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
 
-    def forward(self, x):
+    def forward(self, x, attn=None):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -80,7 +80,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, attn, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), attn)  # an MoE layer asks attn for its kernel
 
 
 class Decoder(nn.Module):

@@ -85,3 +85,20 @@ def save_hf_folder(model: CausalLM, tokenizer, path) -> None:
     save_file(state, path / "model.safetensors")
     (path / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2))
     tokenizer.save_pretrained(path)
+
+
+def transformers_twin(model: CausalLM):
+    """The transformers model of the same architecture holding exactly `model`'s weights: the
+    reference our greedy ids are checked against."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model.config.to_hf()), dtype=model.dtype).eval()
+    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
+    return hf
+
+
+def transformers_greedy(hf, prompt_ids: list[int], n: int) -> list[int]:
+    """transformers' greedy `generate`: n new token ids, EOS ignored."""
+    out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()

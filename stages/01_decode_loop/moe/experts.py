@@ -34,25 +34,18 @@ def naive_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids:
 
 
 class SparseMoeBlock(nn.Module):
-    """Drop-in for the dense MLP of a decoder layer. `experts_kernel(experts, x, weights, ids)`
-    computes the weighted sum; it is the naive loop here, and whoever runs the model may hand
-    it a faster one with the same signature (`use_experts_kernel`)."""
+    """Drop-in for the dense MLP of a decoder layer. The weighted sum is computed by the
+    attention backend's `experts_kernel(experts, x, weights, ids)`: the naive loop for stage
+    01's backends, a batched one where a later stage's backend offers it (the model asks, it
+    never tests which backend it has)."""
 
     def __init__(self, config):
         super().__init__()
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
-        self.experts_kernel = naive_experts
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn=None) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        return self.experts_kernel(self.experts, x, weights.to(x.dtype), ids)
-
-
-def use_experts_kernel(model: nn.Module, kernel) -> nn.Module:
-    """Run every MoE layer of `model` with `kernel` (same signature as naive_experts)."""
-    for module in model.modules():
-        if isinstance(module, SparseMoeBlock):
-            module.experts_kernel = kernel
-    return model
+        kernel = naive_experts if attn is None else attn.experts_kernel
+        return kernel(self.experts, x, weights.to(x.dtype), ids)
