@@ -47,7 +47,7 @@ def test_moe_blocked_and_fused_paths_are_graph_safe():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 16, 200])
+@pytest.mark.parametrize("rows", [1, 200])
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_moe_compiled_fused_kernel_equals_naive_loop(rows, dtype, tol):
     experts, x, weights, ids = case(rows, 128, 8, 256, 96, device="cuda", dtype=dtype)
