@@ -1,0 +1,69 @@
+"""A Mixture-of-Experts model (Mixtral) through the integrated engine and the server: greedy ids
+equal transformers' under lookup speculation and preemption, grammar-constrained answers
+validate, and `--model` serves a Mixtral folder written by transformers' save_pretrained."""
+import json
+
+import jsonschema
+import openai
+import torch
+
+from course.final.async_engine import AsyncEngine
+from course.final.engine import Engine, SpeculativeConfig
+from course.final.metrics import ServerMetrics
+from course.final.testing import CHAT_TEMPLATE, live_server
+from course.final.testing import start_cli_server as start
+from course.final.testing import stop_cli_server as stop
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import TINY_EOS, tiny_model, transformers_greedy, transformers_twin
+from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+PROMPTS = [b"You are a helpful assistant. abcabcabc", b"a", b"the cat sat on the mat, the cat", b"0123456789" * 2]
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"enum": ["a", "b"]}},
+          "required": ["ok", "tag"]}
+
+
+def test_moe_engine_with_lookup_speculation_and_preemption_equals_transformers(byte_tok):
+    model = tiny_model("mixtral_moe")
+    hf = transformers_twin(model)
+    config = KernelEngineConfig(num_blocks=22, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 4))
+    outs = engine.generate([list(p) for p in PROMPTS], [SamplingParams(max_new_tokens=20, temperature=0,
+                                                                       ignore_eos=True)] * len(PROMPTS))
+    assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == transformers_greedy(hf, list(prompt), 20)
+
+
+def test_moe_server_answers_follow_a_grammar(byte_tok):
+    byte_tok.chat_template = CHAT_TEMPLATE
+    llm = Engine(tiny_model("mixtral_moe"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4),
+                 [byte_tok.eos_token_id])
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    with live_server(AsyncEngine(llm, ServerMetrics("tiny")), byte_tok) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2,
+                                             temperature=1.0, seed=0, max_tokens=40, response_format=fmt)
+    for choice in out.choices:
+        jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+
+
+def test_moe_cli_serves_a_mixtral_folder_saved_by_transformers(tmp_path, byte_tok):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    hf = MixtralForCausalLM(MixtralConfig(vocab_size=258, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                          num_local_experts=4, num_experts_per_tok=2, bos_token_id=256,
+                                          eos_token_id=257, max_position_embeddings=256))
+    hf.save_pretrained(tmp_path)  # one tensor per expert, as published checkpoints are
+    byte_tok.chat_template = CHAT_TEMPLATE
+    byte_tok.save_pretrained(tmp_path)
+    proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--served-model-name", "tiny-mixtral")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.chat.completions.create(model="tiny-mixtral", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 5
+        assert [m.id for m in client.models.list()] == ["tiny-mixtral"]
+    finally:
+        assert stop(proc) == 0
