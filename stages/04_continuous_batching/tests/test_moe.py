@@ -52,3 +52,15 @@ def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget):
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
     for p, n, out in zip(prompts(1), OUTPUT_LENS, outs):
         assert out.token_ids == transformers_greedy(hf, p, n)
+
+
+def test_moe_bytes_per_step_grow_with_the_batch_to_the_dense_bytes(tmp_path):
+    from course.s04_continuous_batching.moe.bytes_per_step import main
+
+    result = main(["--batches", "1", "8", "512", "--trials", "3", "--json", str(tmp_path / "b.json")])
+    for name, model in result["models"].items():
+        rows, top_k = model["rows"], model["shape"]["top_k"]
+        assert rows[0]["distinct_experts"] == top_k  # one token reads exactly its k experts
+        assert rows[0]["moe_GB"] < rows[1]["moe_GB"] < rows[2]["moe_GB"] <= rows[2]["dense_GB"] * (1 + 1e-9)
+        assert abs(rows[1]["distinct_experts"] - rows[1]["expected_uniform"]) < 0.1 * rows[1]["expected_uniform"]
+        assert rows[2]["moe_fraction"] > 0.999, name  # 512 tokens touch every expert
