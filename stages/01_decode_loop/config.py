@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "mixtral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "mixtral", "qwen2_moe")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -42,6 +42,7 @@ class ModelConfig:
     norm_topk_prob: bool = True      # renormalise the chosen experts' weights to sum to 1
     decoder_sparse_step: int = 1     # every step-th layer is MoE ...
     mlp_only_layers: list[int] = field(default_factory=list)  # ... except these, dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one more expert every token goes through
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -90,7 +91,7 @@ class ModelConfig:
             rope_scaling=None if rope["rope_type"] == "default" else rope,
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2",
+            qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", False)),
             o_bias=attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
             bos_token_id=d.get("bos_token_id"),
@@ -131,7 +132,8 @@ class ModelConfig:
             d.update(architectures=[ARCHITECTURES[self.model_type]], num_experts_per_tok=self.num_experts_per_tok,
                      num_local_experts=self.num_experts, num_experts=self.num_experts,
                      moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
-                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=self.mlp_only_layers)
+                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=self.mlp_only_layers,
+                     shared_expert_intermediate_size=self.shared_expert_intermediate_size, qkv_bias=self.qkv_bias)
             if self.model_type == "mixtral":  # its experts are intermediate_size wide
                 d["intermediate_size"] = self.moe_intermediate_size
         return d
@@ -140,7 +142,7 @@ class ModelConfig:
         return asdict(self)
 
 
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM"}
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
 
 def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
@@ -154,4 +156,5 @@ def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
                 moe_intermediate_size=d["intermediate_size"] if mixtral else d["moe_intermediate_size"],
                 norm_topk_prob=True if mixtral else bool(d.get("norm_topk_prob", False)),
                 decoder_sparse_step=d.get("decoder_sparse_step") or 1,
-                mlp_only_layers=list(d.get("mlp_only_layers") or []))
+                mlp_only_layers=list(d.get("mlp_only_layers") or []),
+                shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0)

@@ -23,6 +23,19 @@ class Experts(nn.Module):
         return F.linear(F.silu(gate) * up, self.down_proj[e])
 
 
+class SharedExpert(nn.Module):
+    """A plain SwiGLU MLP (the names Qwen2-MoE's checkpoints use)."""
+
+    def __init__(self, hidden: int, inter: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
 def naive_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """The reference: for every token, for each of its k chosen experts, add weight * expert(x).
     T * k small products; a decode step (T = 1) touches only its k experts' weights."""
@@ -44,8 +57,15 @@ class SparseMoeBlock(nn.Module):
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+        self.shared_expert = self.shared_expert_gate = None
+        if config.shared_expert_intermediate_size:  # Qwen2-MoE: every token also through this one, gated
+            self.shared_expert = SharedExpert(config.hidden_size, config.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, x: torch.Tensor, attn=None) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
         kernel = naive_experts if attn is None else attn.experts_kernel
-        return kernel(self.experts, x, weights.to(x.dtype), ids)
+        out = kernel(self.experts, x, weights.to(x.dtype), ids)
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

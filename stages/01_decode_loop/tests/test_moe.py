@@ -102,3 +102,28 @@ def test_moe_mixtral_folder_greedy_equals_transformers_generate(tmp_path, byte_t
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
                           pad_token_id=0)[0, len(ids):].tolist()
         assert ours.token_ids == ref
+
+
+def test_moe_qwen2_moe_shared_expert_greedy_equals_transformers(tmp_path, byte_tok):
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.manual_seed(1)
+    hf = Qwen2MoeForCausalLM(Qwen2MoeConfig(
+        vocab_size=258, hidden_size=64, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, norm_topk_prob=False, mlp_only_layers=[1], bos_token_id=256,
+        eos_token_id=257, max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "experts" in name or "mlp.gate" in name or "shared_expert" in name or "bias" in name:
+                p.normal_(0.0, 0.2)
+    hf.save_pretrained(tmp_path)
+    byte_tok.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path)
+    assert not loaded.config.is_moe_layer(1) and loaded.config.qkv_bias and not loaded.config.norm_topk_prob
+    ids = byte_tok("The quick brown fox").input_ids
+    ours = generate_naive(loaded.model, byte_tok, ids, SamplingParams(max_new_tokens=24, temperature=0,
+                                                                      ignore_eos=True))
+    ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+                      pad_token_id=0)[0, len(ids):].tolist()
+    assert ours.token_ids == ref

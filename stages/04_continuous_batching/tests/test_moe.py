@@ -6,7 +6,9 @@ import torch
 from course.s01_decode_loop.moe.experts import Experts, naive_experts
 from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.testing import tiny_model, transformers_greedy, transformers_twin
+from course.s01_decode_loop.config import ModelConfig
+from course.s01_decode_loop.model import CausalLM, init_random_weights
+from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model, transformers_greedy, transformers_twin
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 from course.s04_continuous_batching.moe.grouped import grouped_experts
 
@@ -40,9 +42,18 @@ def prompts(seed=0):
     return [torch.randint(0, 256, (n,), generator=g).tolist() for n in PROMPT_LENS]
 
 
-@pytest.mark.parametrize("pool_blocks,budget", [(64, 5), (64, 64), (20, 32)])  # chunked; whole; preempting
-def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget):
-    model = tiny_model("mixtral_moe")
+def qwen2_moe_model():
+    """Qwen2-MoE: a shared expert beside the routed ones, a dense layer, no renormalisation."""
+    config = ModelConfig(**{**TINY_CONFIGS["mixtral_moe"].to_dict(), "model_type": "qwen2_moe", "qkv_bias": True,
+                            "num_hidden_layers": 3, "mlp_only_layers": [1], "norm_topk_prob": False,
+                            "shared_expert_intermediate_size": 24})
+    return init_random_weights(CausalLM(config), seed=0).eval()
+
+
+@pytest.mark.parametrize("pool_blocks,budget,name", [(64, 5, "mixtral"), (64, 64, "mixtral"), (20, 32, "mixtral"),
+                                                     (20, 7, "qwen2_moe")])  # chunked; whole; preempting
+def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget, name):
+    model = tiny_model("mixtral_moe") if name == "mixtral" else qwen2_moe_model()
     hf = transformers_twin(model)
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=pool_blocks, block_size=4,
                                                      max_num_batched_tokens=budget))
