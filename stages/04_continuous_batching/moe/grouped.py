@@ -28,8 +28,10 @@ def sort_by_expert(ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, l
     return order, counts
 
 
-def grouped_experts(experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """sum over each token's chosen experts of weight * expert(x), one product per used expert."""
+def grouped_experts(experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                    linear=F.linear) -> torch.Tensor:
+    """sum over each token's chosen experts of weight * expert(x), one product per used expert.
+    `linear(rows, weight)`: who multiplies (stage 06's CPU room passes its C products)."""
     k = ids.shape[1]
     order, counts = sort_by_expert(ids, experts.gate_up_proj.shape[0])
     tokens = order // k                        # the token of each sorted pair
@@ -38,8 +40,8 @@ def grouped_experts(experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.
     start = 0
     for e, n in enumerate(counts):
         if n:
-            gate, up = F.linear(rows[start: start + n], experts.gate_up_proj[e]).chunk(2, dim=-1)
-            results[start: start + n] = F.linear(F.silu(gate) * up, experts.down_proj[e])
+            gate, up = linear(rows[start: start + n], experts.gate_up_proj[e]).chunk(2, dim=-1)
+            results[start: start + n] = linear(F.silu(gate) * up, experts.down_proj[e])
             start += n
     results *= weights.reshape(-1)[order].unsqueeze(1)
     return torch.zeros_like(x).index_add_(0, tokens, results)
