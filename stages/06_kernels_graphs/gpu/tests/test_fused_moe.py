@@ -56,18 +56,3 @@ def test_moe_compiled_fused_kernel_equals_naive_loop(rows, dtype, tol):
         ref = naive_experts(experts.float().cpu(), x.float().cpu(), weights.float().cpu(), ids.cpu())
     torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
 
-
-def test_moe_cpu_backend_experts_through_the_c_products_equal_the_loop():
-    from course.s01_decode_loop.testing import TINY_CONFIGS
-    from course.s03_paged.paged_attention import PagedKVCache
-    from course.s06_kernels_graphs.cpu.layer import layer_kernel_unavailable
-    from course.s06_kernels_graphs.backends import make_backend
-
-    if layer_kernel_unavailable():
-        pytest.skip(layer_kernel_unavailable())
-    backend = make_backend("cpu", PagedKVCache(TINY_CONFIGS["gqa_tied"], 4, 4))
-    for rows in (1, 3, 17, 64, 100):
-        experts, x, weights, ids = case(rows, 8, 2, 48, 40, seed=rows)
-        with torch.no_grad():
-            torch.testing.assert_close(backend.experts_kernel(experts, x, weights, ids),
-                                       naive_experts(experts, x, weights, ids), atol=1e-5, rtol=1e-5)
