@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .moe.config import moe_fields, moe_hf_fields
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "mixtral", "qwen2_moe")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -128,33 +130,8 @@ class ModelConfig:
         }
         if self.model_type != "qwen2":
             d["attention_bias"] = self.o_bias
-        if self.num_experts:
-            d.update(architectures=[ARCHITECTURES[self.model_type]], num_experts_per_tok=self.num_experts_per_tok,
-                     num_local_experts=self.num_experts, num_experts=self.num_experts,
-                     moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
-                     decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=self.mlp_only_layers,
-                     shared_expert_intermediate_size=self.shared_expert_intermediate_size, qkv_bias=self.qkv_bias)
-            if self.model_type == "mixtral":  # its experts are intermediate_size wide
-                d["intermediate_size"] = self.moe_intermediate_size
-        return d
+        return {**d, **moe_hf_fields(self)}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
-
-
-def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
-    """The Mixture-of-Experts fields of a HF config dict (none for a dense model). Mixtral's
-    experts are `intermediate_size` wide and always renormalised; Qwen-MoE configs say both."""
-    experts = d.get("num_local_experts") or d.get("num_experts") or 0
-    if not experts:
-        return {}
-    mixtral = d.get("model_type") == "mixtral"
-    return dict(num_experts=experts, num_experts_per_tok=d["num_experts_per_tok"],
-                moe_intermediate_size=d["intermediate_size"] if mixtral else d["moe_intermediate_size"],
-                norm_topk_prob=True if mixtral else bool(d.get("norm_topk_prob", False)),
-                decoder_sparse_step=d.get("decoder_sparse_step") or 1,
-                mlp_only_layers=list(d.get("mlp_only_layers") or []),
-                shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0)

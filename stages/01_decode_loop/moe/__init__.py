@@ -9,6 +9,7 @@ layer's output is their outputs weighted by the router's probabilities.
 * experts.py: the experts' weights stacked [E, 2I, H] / [E, H, I] (the layout transformers
   holds in memory, and what grouped kernels want) and the layer that loops over each token's
   chosen experts: obviously right, the reference every faster path is checked against;
+* config.py: the config fields (Mixtral's, Qwen-MoE's) read from and written to HF configs;
 * checkpoint.py: published checkpoints store one tensor per expert (`experts.N.gate_proj`,
   Mixtral's `block_sparse_moe.experts.N.w1`); they are stacked into that layout at load time.
 

@@ -1,0 +1,35 @@
+"""The Mixture-of-Experts fields of a Hugging Face config, read and written (config.py's)."""
+from __future__ import annotations
+
+from typing import Any
+
+ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+
+
+def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's MoE fields from a HF config dict (none for a dense model). Mixtral's
+    experts are `intermediate_size` wide and always renormalised; Qwen-MoE configs say both."""
+    experts = d.get("num_local_experts") or d.get("num_experts") or 0
+    if not experts:
+        return {}
+    mixtral = d.get("model_type") == "mixtral"
+    return dict(num_experts=experts, num_experts_per_tok=d["num_experts_per_tok"],
+                moe_intermediate_size=d["intermediate_size"] if mixtral else d["moe_intermediate_size"],
+                norm_topk_prob=True if mixtral else bool(d.get("norm_topk_prob", False)),
+                decoder_sparse_step=d.get("decoder_sparse_step") or 1,
+                mlp_only_layers=list(d.get("mlp_only_layers") or []),
+                shared_expert_intermediate_size=d.get("shared_expert_intermediate_size") or 0)
+
+
+def moe_hf_fields(c) -> dict[str, Any]:
+    """The HF config entries of a ModelConfig's MoE fields (none for a dense model)."""
+    if not c.num_experts:
+        return {}
+    d = dict(architectures=[ARCHITECTURES[c.model_type]], num_experts_per_tok=c.num_experts_per_tok,
+             num_local_experts=c.num_experts, num_experts=c.num_experts, moe_intermediate_size=c.moe_intermediate_size,
+             norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=c.decoder_sparse_step,
+             mlp_only_layers=c.mlp_only_layers, shared_expert_intermediate_size=c.shared_expert_intermediate_size,
+             qkv_bias=c.qkv_bias)
+    if c.model_type == "mixtral":  # its experts are intermediate_size wide
+        d["intermediate_size"] = c.moe_intermediate_size
+    return d
