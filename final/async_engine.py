@@ -58,7 +58,8 @@ class RequestStream(EventStream):
 
 class AsyncEngine(EngineClient):
     def __init__(self, engine: Engine, metrics: ServerMetrics | None = None):
-        limits = EngineLimits(engine.max_model_len, engine.model.config.vocab_size, tuple(engine.eos_token_ids))
+        limits = EngineLimits(engine.max_model_len, engine.model.config.vocab_size, tuple(engine.eos_token_ids),
+                              engine.model.config.architecture)
         super().__init__(limits, engine.config.max_waiting, metrics)
         self.engine = engine
         self._commands: queue.Queue = queue.Queue()

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-
-import torch
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
@@ -16,40 +13,16 @@ from .engine import METHODS, Engine, SpeculativeConfig
 
 from .async_engine import AsyncEngine
 from .launch.kernel_defaults import describe as describe_kernels
-from .launch.kernel_defaults import kernel_defaults, pick_device, pick_dtype
+from .launch.kernel_defaults import pick_device, pick_dtype
+from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
+from .security.options import add_door_args, door_from_args, uvicorn_options
 from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
 from .torch_threads import off_the_main_thread
-
-
-def graph_options(args: argparse.Namespace, blocks: int) -> dict:
-    """The graphs' bounds: sequences up to --graph-max-seq-len (default: as long as the pool holds;
-    the engine caps it at the model's context), mixed steps up to --graph-max-num-tokens."""
-    max_seq_len = args.graph_max_seq_len or blocks * args.block_size
-    return {"graph_max_seq_len": max_seq_len, "graph_max_num_tokens": args.graph_max_num_tokens}
-
-
-def warm_up(llm, log=lambda line: print(line, file=sys.stderr, flush=True)) -> None:
-    """Capture every graph bucket before the first request (Triton compiles inside the captures)."""
-    graphs = llm.runner.graphs
-    if graphs is None:
-        return
-    log(f"capturing graphs: {len(graphs.buckets)} decode + {len(graphs.token_buckets)} mixed buckets ...")
-    start = time.perf_counter()
-    llm.warm_up()
-    log(f"capturing graphs: done in {time.perf_counter() - start:.1f} s")
-
-
-def kernel_options(args: argparse.Namespace) -> dict:
-    """Stage 06's choices: what the flags set, the device's defaults for the rest (launch/kernel_defaults.py)."""
-    device = pick_device(args.device)
-    return kernel_defaults(device, pick_dtype(getattr(args, "dtype", "auto"), device),
-                           attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs, fused=args.fused,
-                           linear_splits=args.linear_splits, quantization=getattr(args, "quantization", None))
 
 
 def build_server(args: argparse.Namespace, memory_info=None):
@@ -86,7 +59,7 @@ def build_server(args: argparse.Namespace, memory_info=None):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-    return engine, build_app(engine, loaded.tokenizer, name, limits)
+    return engine, build_app(engine, loaded.tokenizer, name, limits, door_from_args(args))
 
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -112,27 +85,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     s.add_argument("--device", default="auto", help="auto (CUDA when torch sees a card, else cpu), cpu, cuda, cuda:N")
     s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV cache; auto: bfloat16 on CUDA, float32 on the CPU")
-    k = s.add_argument_group("kernels (stage 06)")
-    k.add_argument("--attention-backend", choices=["torch", "cpu", "triton"],
-                   help="default: triton on CUDA; on the CPU stage 06's C kernel (cpu) for float32 when a C "
-                        "compiler is there, else torch")
-    k.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction,
-                   help="replay decode steps from captured graphs (default: on with CUDA)")
-    k.add_argument("--graph-max-seq-len", type=int,
-                   help="steps with a longer sequence run eagerly (default: the model's context, or the pool's "
-                        "size if smaller)")
-    k.add_argument("--graph-max-num-tokens", type=int, default=512,
-                   help="largest token count of a captured mixed step (prefill chunks, verifications); 0: "
-                        "decode steps only")
-    k.add_argument("--fused", action=argparse.BooleanOptionalAction,
-                   help="merged QKV/gate-up weights, fused add+RMSNorm and RoPE (default: on, except on a "
-                        "1-thread CPU with unsplit linears)")
-    k.add_argument("--quantization", choices=["int8"],
-                   help="int8 weight-only linears (stage 06's int8_linear.py): faster decode, outputs close to "
-                        "but not equal to float32's (default: none)")
-    k.add_argument("--linear-splits", type=int,
-                   help="each linear as a bmm over this many row blocks (default: torch's thread count on "
-                        "the CPU, 1 on CUDA; 1 = torch's linear)")
+    add_kernel_args(s)
     sp = s.add_argument_group("speculative decoding (stage 05, inside the batch)")
     sp.add_argument("--speculative-method", choices=METHODS, default="none",
                     help="lookup: prompt lookup (vLLM's ngram); eagle: stage 05's EAGLE head (trained for SmolLM2-135M)")
@@ -152,6 +105,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")
+    add_door_args(s)
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
     d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/disaggregated/remote_engine.py)")
@@ -182,5 +136,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     engine.start()
-    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout)
+    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout, **uvicorn_options(args.host, app.state.door))
     return 0

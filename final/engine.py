@@ -29,15 +29,17 @@ from typing import Any
 
 import torch
 
+from course.s04_continuous_batching.batch_sampler import samples_on_device
 from course.s04_continuous_batching.engine import StepOutput
 from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
-from course.s05_speculative.verify import verify_greedy, verify_sampled
+from course.s05_speculative.verify import accept_greedy, verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
 from course.s06_kernels_graphs.cpu.split_linear import split_linears
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
+from .harness.prompt_logprobs import PromptLogprobs
 from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
@@ -85,6 +87,7 @@ class Engine(LLMEngine):
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
+        self.prompt_logprobs = PromptLogprobs(self)  # scores the prompts of requests that ask (harness/)
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
         """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
@@ -141,11 +144,16 @@ class Engine(LLMEngine):
         except Exception:  # noqa: BLE001 - it fails again, for this request alone, when it samples
             return []
 
-    def _run(self, chunks):
+    def overlap_allowed(self) -> bool:
+        return self.source is None  # drafters read every token on the host
+
+    def _run(self, chunks, feed=None):
         """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
         try:
-            return super()._run(chunks)
+            logits = super()._run(chunks, feed)
+            self.prompt_logprobs.collect(chunks, self.last_hidden)
+            return logits
         finally:
             if pending is not None:
                 pending.result()  # the masks are ready (or will fail again when their request samples)
@@ -172,6 +180,9 @@ class Engine(LLMEngine):
         postprocess together, so their rows are sampled in one batched call."""
         outputs, i, row = [], 0, 0  # i: logits rows (sampling rows only); row: hidden rows (all)
         plain, plain_rows = [], []  # draft-free chunks, and the logits rows of those that sample
+        # greedy verifications that need no per-row processing read the step's argmax in one sync
+        argmax = logits.argmax(-1).tolist() if any(
+            self._reads_argmax(req) for req, _ in chunks if self.drafts.get(req.request_id)) else None
         for req, n in chunks:
             real, drafts = self._split(req, n)
             start, row = req.num_computed_tokens, row + n
@@ -185,7 +196,9 @@ class Engine(LLMEngine):
                 continue
             rows, i = logits[i:i + len(drafts) + 1], i + len(drafts) + 1
             try:
-                emitted = self._verify(req, rows, drafts)
+                emitted = (accept_greedy(argmax[i - len(drafts) - 1:i], drafts) if self._reads_argmax(req)
+                           else self._verify(req, rows, drafts))
+                self._count(drafts, emitted)
             except Exception as e:  # fail this request alone, as stage 04 does
                 req.finish_reason, req.error = "error", e
                 self.scheduler.finish(req)
@@ -216,10 +229,16 @@ class Engine(LLMEngine):
                 req.request_id, torch.Generator(device=rows.device).manual_seed(seq.sampler.seed))
             probs = self.draft_probs.get(req.request_id)  # None: point-mass drafts (prompt lookup)
             emitted = verify_sampled(target, drafts, None if probs is None else probs[:len(drafts)], rng)
+        return emitted
+
+    @staticmethod
+    def _reads_argmax(req) -> bool:
+        return req.seq.params.greedy and samples_on_device(req.seq)  # no processors, penalties, logprobs
+
+    def _count(self, drafts: list[int], emitted: list[int]) -> None:
         self.spec_stats.record(len(drafts), len(emitted))
         for position in range(len(emitted) - 1):
             self.accepted_per_position[position] += 1
-        return emitted
 
     def stats(self) -> dict:
         return {**super().stats(), "speculative": self.speculative.method, **self.spec_stats.to_json()}

@@ -64,6 +64,7 @@ class EngineLimits:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
+    architecture: str = ""  # the model's family as transformers names it, e.g. "Qwen3ForCausalLM"
 
 
 class EventStream:

@@ -7,6 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_
 
 from course.s01_decode_loop.sampling import SamplingParams
 
+from .harness.fields import HarnessCompletionFields, PromptLogprobsField
+
 MAX_N = 16           # choices per request
 MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
 MAX_STOP = 16        # stop strings per request (OpenAI allows 4; each costs a check per token)
@@ -118,9 +120,7 @@ class _Common(BaseModel):
                 for i in range(self.n)]
 
 
-class CompletionRequest(_Common):
-    prompt: str
-    max_tokens: int = Field(16, ge=1)
+class CompletionRequest(HarnessCompletionFields, _Common):  # prompt, max_tokens, echo: harness/fields.py
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def num_logprobs(self) -> int | None:
@@ -141,7 +141,7 @@ class Message(BaseModel):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
-class ChatRequest(_Common):
+class ChatRequest(PromptLogprobsField, _Common):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)

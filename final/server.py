@@ -35,6 +35,9 @@ from .body_limit import BodyLimit
 from .disconnect import until_disconnected
 from .engine_client import EngineClient, GenerationRequest, ShuttingDownError
 from .errors import error, install_error_handlers
+from .harness.completions import Completions
+from .harness.tokens import add_token_routes
+from .security.api_key import Door, protect
 from .protocol import ChatRequest, CompletionRequest, StreamOptions
 from .responses import Choice, Shape, sse
 from .structured import GrammarCache, warning_headers
@@ -58,10 +61,12 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
-def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLimits | None = None) -> FastAPI:
+def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLimits | None = None,
+              door: Door | None = None) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="course.final")
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
+    protect(app, door)  # outermost: without the key nothing is read (security/)
     install_error_handlers(app)
     max_len = engine.limits.max_model_len
     app.state.grammars = grammars = GrammarCache(tokenizer, engine.limits.vocab_size, list(engine.limits.eos_token_ids),
@@ -97,16 +102,12 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "course",
-                                            "max_model_len": max_len}]}
+                                            "max_model_len": max_len, "architecture": engine.limits.architecture}]}
 
+    add_token_routes(app, tokenizer, engine, off_loop, check_length)  # /tokenize, /detokenize (harness/)
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        async def work():
-            engine.check_room(body.n)  # a full queue answers 429 before any tokenizing
-            check_length(len(body.prompt))
-            ids = await off_loop(lambda: tokenizer(body.prompt).input_ids)
-            return await respond(body, ids, body.max_tokens, "text_completion")
-        return await until_disconnected(request, answer(work()))
+    async def completions(body: CompletionRequest, request: Request):  # a prompt, or several (harness/)
+        return await until_disconnected(request, answer(complete(body)))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -119,7 +120,7 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
             except TemplateError as e:  # the model's template refuses these messages
                 raise ValueError(f"the chat template refused these messages: {e}") from e
             max_tokens = body.max_completion_tokens or body.max_tokens or max(1, max_len - len(ids))
-            return await respond(body, ids, max_tokens, "chat.completion")
+            return await complete.chat(body, ids, max_tokens)  # respond, with prompt_logprobs if asked
         return await until_disconnected(request, answer(work()))
 
     async def answer(work) -> Response:
@@ -163,4 +164,5 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
             stream.close()  # also when cancelled because the client left: frees the KV blocks
         return JSONResponse(shape.whole(choices), headers=headers) if headers else shape.whole(choices)
 
+    complete = Completions(engine, tokenizer, respond, off_loop, check_length)
     return app

@@ -49,11 +49,11 @@ class GracefulServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve_until_stopped(app, engine, host: str, port: int, drain_timeout: float) -> None:
+def serve_until_stopped(app, engine, host: str, port: int, drain_timeout: float, **uvicorn_options) -> None:
     """Serve `app` until Ctrl-C or SIGTERM, drain, then stop schema compiles and the engine (its
     thread, or the remote workers' streams): what both `serve` paths do once their engine is up."""
-    server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5),
-                            engine, drain_timeout, on_drain=app.state.grammars.cancel_all)
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5, **uvicorn_options)
+    server = GracefulServer(config, engine, drain_timeout, on_drain=app.state.grammars.cancel_all)
     try:
         server.run()
     finally:

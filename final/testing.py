@@ -60,23 +60,24 @@ def stop_cli_server(proc: subprocess.Popen) -> int:
         proc.kill()
 
 
-def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, **config) -> AsyncEngine:
+def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=None, model: str = "gqa_tied",
+                **config) -> AsyncEngine:
     """A random-weight model behind the engine thread: 64 blocks of 4 tokens, `config` on top;
-    `policy`: a scheduling policy (default FCFS)."""
+    `policy`: a scheduling policy (default FCFS); `model`: which of stage 01's tiny configs."""
     byte_tok.chat_template = CHAT_TEMPLATE
-    llm = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
+    llm = Engine(tiny_model(model), byte_tok, KernelEngineConfig(**({"num_blocks": 64, "block_size": 4} | config)),
                  [byte_tok.eos_token_id], speculative, policy=policy)
     return AsyncEngine(llm, ServerMetrics("tiny"))
 
 
 @contextlib.contextmanager
 def running_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None,
-                   drain_timeout: float = 5.0):
+                   drain_timeout: float = 5.0, door=None):
     """The app on a free localhost port, served by uvicorn in a thread, as a user would run it.
     Yields (base URL, the GracefulServer: `server.handle_exit(signal.SIGTERM, None)` is what a
     SIGTERM does); stops the server and the engine on exit."""
     engine.start()
-    app = build_app(engine, tokenizer, model_name, limits)
+    app = build_app(engine, tokenizer, model_name, limits, door)  # door: API keys (security/)
     srv = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                         timeout_graceful_shutdown=2),
                          engine, drain_timeout, on_drain=app.state.grammars.cancel_all)

@@ -20,11 +20,14 @@ memory), graphs cover sequences up to its length, as the server's do. Workloads,
                (it proposes the tokens the no-drafter run emitted: acceptance 100% where the
                verifying forward computes the same argmax; the measured rate is stored)
 
-Per step: wall time (the step as the engine thread runs it: schedule, forward, sample, detokenize;
-it ends synchronised, since the sampled ids are read back), device time (CUDA events around
-ModelRunner.run: the forward's inputs, kernels or graph replay, and logits), exposed host time
-(wall minus device: the device waits on it), and whether the forward replayed a captured graph.
-Each workload's row: steps, graphed steps, medians per step of the three times by kind of step
+Per step: wall time (the step as the engine thread runs it: schedule, launch, sample, read the
+tokens, detokenize), device time (CUDA events around ModelRunner.run: the forward's inputs, kernels
+or graph replay, and logits), exposed host time (the device's idle gap between one forward's end and
+the next one's start: the host work the device waited on, the sampling kernels included), and
+whether the forward replayed a captured graph. The events are read after the run, so timing adds
+no sync. The decode workload runs twice: the synchronous step ("sync") and overlap scheduling
+("overlap", the next step launched before the last one's tokens are read; the server's default on
+CUDA). Each row: steps, graphed steps, medians per step of the three times by kind of step
 (decode-only or mixed), output tok/s, and the served rate against the device's (device time over
 wall time, summed over decode-only steps). On the CPU "device time" is the forward's own wall time.
 """
@@ -102,33 +105,40 @@ class OracleDrafter(Drafter):
 
 
 class StepTimer:
-    """Wraps an engine's ModelRunner.run to time the forward of every step on the device."""
+    """Wraps an engine's ModelRunner.run to time every forward on the device, without a sync:
+    CUDA events are read once the run is over (a sync per step would undo overlap scheduling)."""
 
     def __init__(self, engine):
         self.runner, self.cuda = engine.runner, engine.runner.model.device.type == "cuda"
-        self.run, self.last = self.runner.run, None
+        self.run, self.marks = self.runner.run, []
         self.runner.run = self  # an instance attribute: the engine calls this instead
 
-    def __call__(self, token_ids, seqs, sample_rows):
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def __call__(self, token_ids, seqs, sample_rows, feed=None):
         kind = "decode" if all(n == 1 for _, n, _ in seqs) else "mixed"
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = self.run(token_ids, seqs, sample_rows)
-            end.record()
-            self.last = (kind, out.graphed, start, end)
-        else:
-            t0 = time.perf_counter()
-            out = self.run(token_ids, seqs, sample_rows)
-            self.last = (kind, out.graphed, time.perf_counter() - t0)
+        start = self.now()
+        out = self.run(token_ids, seqs, sample_rows, feed)
+        self.marks.append((kind, out.graphed, start, self.now()))
         return out
 
-    def device_s(self) -> float:
+    def forwards(self) -> list[dict]:
+        """Per forward: its kind, graphed, device ms, and the device's idle gap before it (ms):
+        the host time it was exposed to (the sampling kernels of the step before included)."""
         if self.cuda:
-            _, _, start, end = self.last
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return self.last[2]
+            torch.cuda.synchronize()
+        ms = (lambda a, b: a.elapsed_time(b)) if self.cuda else (lambda a, b: (b - a) * 1e3)
+        out, previous_end = [], None
+        for kind, graphed, start, end in self.marks:
+            out.append({"kind": kind, "graphed": bool(graphed), "device_ms": ms(start, end),
+                        "host_ms": None if previous_end is None else ms(previous_end, start)})
+            previous_end = end
+        return out
 
 
 def build_engine(model, tok, options: dict, streams: int, num_blocks: int, spec=None, drafter=None) -> Engine:
@@ -142,22 +152,21 @@ def build_engine(model, tok, options: dict, streams: int, num_blocks: int, spec=
 
 
 def serve(engine, prompts: list[list[int]], new_tokens: int) -> tuple[list[dict], list[list[int]]]:
-    """Every prompt at once, stepped to the end; one record per step, and the outputs."""
+    """Every prompt at once, stepped to the end; one record per forward, and the outputs."""
     params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0, ignore_eos=True)
     timer = StepTimer(engine)
     ids = [engine.add_request(p, params) for p in prompts]
-    steps = []
+    walls, tokens = [], []
     while engine.has_unfinished():
+        launched = len(timer.marks)
         t0 = time.perf_counter()
         outputs = engine.step()
-        wall = time.perf_counter() - t0
-        if timer.last is None:
-            continue
-        device = timer.device_s()
-        steps.append({"kind": timer.last[0], "graphed": bool(timer.last[1]), "wall_ms": wall * 1e3,
-                      "device_ms": device * 1e3, "host_ms": (wall - device) * 1e3,
-                      "tokens": sum(o.event is not None for o in outputs)})
-        timer.last = None
+        if len(timer.marks) > launched:  # a step that ran a forward (the last one may only read tokens)
+            walls.append((time.perf_counter() - t0) * 1e3)
+            tokens.append(sum(o.event is not None for o in outputs))
+        elif tokens:
+            tokens[-1] += sum(o.event is not None for o in outputs)
+    steps = [f | {"wall_ms": w, "tokens": n} for f, w, n in zip(timer.forwards(), walls, tokens)]
     return steps, [engine.requests[i].seq.output_ids for i in ids]
 
 
@@ -169,7 +178,8 @@ def summarize(steps: list[dict]) -> dict:
         some = [s for s in steps if s["kind"] == kind]
         row[f"{kind}_steps"] = len(some)
         for key in ("wall_ms", "device_ms", "host_ms"):
-            row[f"{kind}_{key}_p50"] = statistics.median(s[key] for s in some) if some else None
+            values = [s[key] for s in some if s[key] is not None]
+            row[f"{kind}_{key}_p50"] = statistics.median(values) if values else None
     decode = [s for s in steps if s["kind"] == "decode"]
     wall = sum(s["wall_ms"] for s in decode)
     row["decode_device_over_wall"] = sum(s["device_ms"] for s in decode) / wall if wall else None
@@ -191,8 +201,10 @@ def run_workload(name: str, model, tok, options: dict, workload: str, streams: i
     prompts = random_prompts(streams, prompt_len, seed)
     blocks = streams * -(-(prompt_len + new_tokens + k + 1) // BLOCK) + 8
     shape = {"model": name, "workload": workload, "streams": streams, "prompt_len": prompt_len, "new_tokens": new_tokens}
-    systems = {"none": (None, None)}
+    systems = {"none": None}
     rows, reference = [], None
+    if workload == "decode":
+        systems = {"sync": {"overlap": False}, "overlap": {"overlap": True}}
     if workload == "speculation":
         systems["oracle k=%d" % k] = "oracle"
     for system, settings in systems.items():
@@ -200,7 +212,7 @@ def run_workload(name: str, model, tok, options: dict, workload: str, streams: i
             drafter = OracleDrafter({tuple(p): out for p, out in zip(prompts, reference)})
             engine = build_engine(model, tok, options, streams, blocks, SpeculativeConfig("none", k), drafter)
         else:
-            engine = build_engine(model, tok, options, streams, blocks)
+            engine = build_engine(model, tok, options | (settings or {}), streams, blocks)
         start = time.perf_counter()
         steps, outputs = serve(engine, prompts, new_tokens)
         row = shape | {"system": system, "run_s": time.perf_counter() - start} | summarize(steps)
@@ -209,6 +221,8 @@ def run_workload(name: str, model, tok, options: dict, workload: str, streams: i
                     "mean_accepted_length": engine.spec_stats.mean_accepted_length,
                     "same_tokens_as_none": outputs == reference,
                     "vs_none": row["tok_s"] / rows[0]["tok_s"]}
+        if system == "overlap":
+            row |= {"same_tokens_as_sync": outputs == reference, "vs_sync": row["tok_s"] / rows[0]["tok_s"]}
         reference = reference or outputs
         row["engine_graphed_steps"] = engine.graphed_steps
         row["per_step"] = {key: [s[key] for s in steps] for key in steps[0]} if steps else {}
@@ -228,6 +242,8 @@ def line(r: dict) -> str:
             f"  decode wall/device/host ms {ms(r['decode_wall_ms_p50'])} {ms(r['decode_device_ms_p50'])}"
             f" {ms(r['decode_host_ms_p50'])}  mixed {ms(r['mixed_wall_ms_p50'])} {ms(r['mixed_device_ms_p50'])}"
             f" {ms(r['mixed_host_ms_p50'])}")
+    if "vs_sync" in r:
+        text += f"  x{r['vs_sync']:.2f} vs sync, same tokens {r['same_tokens_as_sync']}"
     if "acceptance_rate" in r:
         text += f"  accepted {r['acceptance_rate']:.0%} x{r['vs_none']:.2f}"
     return text

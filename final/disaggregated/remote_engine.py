@@ -127,8 +127,8 @@ class RemoteEngine(EngineClient):
                     "its workers schedule first come, first served")
         if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
             return "response_format is not supported by the disaggregated server (--disaggregated)"
-        if any(p.logprobs is not None for p in request.params):
-            return "logprobs are not supported by the disaggregated server (--disaggregated)"
+        if any(p.logprobs is not None or getattr(p, "prompt_logprobs", None) is not None for p in request.params):
+            return "logprobs and prompt logprobs are not supported by the disaggregated server (--disaggregated)"
         return None
 
     def submit(self, request: GenerationRequest) -> RemoteStream:
@@ -251,11 +251,13 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
     from course.s07_disaggregated.launcher import Topology
 
     from ..launch.kv_pool import num_kv_blocks, parse_size
+    from ..security.options import door_from_args, uvicorn_options
     from ..server import ServerLimits, build_app
     from ..shutdown import serve_until_stopped
 
     try:
         max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
+        door = door_from_args(args)  # API keys, TLS files (security/)
         model_dir = resolve_model_dir(args.model)
         if not (model_dir / "config.json").is_file():
             raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model folder")
@@ -287,14 +289,15 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
                                     router_options={"max_tree_tokens": blocks * args.block_size})
             name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
             max_len = config.max_position_embeddings  # as the workers' engines
-            engine = RemoteEngine(dispatcher, EngineLimits(max_len, config.vocab_size, tuple(eos)),
+            engine = RemoteEngine(dispatcher, EngineLimits(max_len, config.vocab_size, tuple(eos), config.architecture),
                                   WorkerSizes(tokenizer, eos, max_len, blocks, args.block_size),
                                   ServerMetrics(name), max_in_flight=args.max_waiting)
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-            app = build_app(engine, tokenizer, name, limits)
+            app = build_app(engine, tokenizer, name, limits, door)
             signal.signal(signal.SIGTERM, previous)  # uvicorn installs its own (a drain) from here
             try:
-                serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout)
+                serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout,
+                                    **uvicorn_options(args.host, door))
             finally:
                 dispatcher.close()
         return 0  # leaving the `with` stopped the workers

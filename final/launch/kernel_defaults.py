@@ -4,7 +4,8 @@ CLI and by every benchmark that measures "the engine as served".
 The device itself: `auto` is CUDA when torch sees a card, else the CPU; dtype `auto` is
 bfloat16 weights and KV on CUDA, float32 on the CPU.
 
-On CUDA: the Triton kernels, fused ops and decode graphs. On the CPU: stage 06's C attention
+On CUDA: the Triton kernels, fused ops, decode graphs and overlap scheduling (a steady decode
+step launched before the previous one's tokens are read). On the CPU: stage 06's C attention
 kernel when a float32 pool and a C compiler allow it (else the PyTorch backend), the fused
 model with every linear split over the intra-op threads (torch's CPU linear runs a decode
 step's GEMVs on one thread: split_linear.py), no graphs (the CPU stand-in only checks
@@ -35,9 +36,10 @@ def pick_dtype(name: str, device: str) -> torch.dtype:
 
 def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, attention_backend: str | None = None,
                     cuda_graphs: bool | None = None, fused: bool | None = None, linear_splits: int | None = None,
-                    quantization: str | None = None) -> dict:
+                    quantization: str | None = None, overlap: bool | None = None) -> dict:
     cuda = device.startswith("cuda")
     graphs = cuda if cuda_graphs is None else cuda_graphs
+    overlap = cuda if overlap is None else overlap
     if attention_backend is None:
         native = not cuda and not graphs and dtype == torch.float32 and kernel_unavailable() is None
         attention_backend = "triton" if cuda else "cpu" if native else "torch"
@@ -47,14 +49,15 @@ def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, 
         raise ValueError(f"{'--quantization' if quantization else '--linear-splits'} needs the fused model: "
                          "drop --no-fused")
     return {"attention_backend": attention_backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
-            "quantization": quantization}
+            "quantization": quantization, "overlap": overlap}
 
 
 def describe(options: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> str:
     """One line for the server's start-up: what runs, and why the C kernel does not if it could."""
     parts = [f"attention {options['attention_backend']}", "fused" if options["fused"] else "unfused",
              f"linears split {options['linear_splits']}"]
-    parts += ["CUDA graphs"] * options["cuda_graphs"] + [options["quantization"] or ""]
+    parts += ["CUDA graphs"] * options["cuda_graphs"] + ["overlap"] * options.get("overlap", False)
+    parts += [options["quantization"] or ""]
     line = "kernels: " + ", ".join(p for p in parts if p)
     reason = kernel_unavailable() if options["attention_backend"] == "torch" and device == "cpu" else None
     if reason and dtype == torch.float32:

@@ -19,13 +19,14 @@ DEFAULT_BLOCKS = 512   # the CPU's pool (8,192 tokens at 16 per block), and any 
 GRAPH_RESERVE = 512 * 2**20  # captured graphs' pool and the allocator's slack
 
 
-def step_reserve(vocab_size: int, hidden_size: int, intermediate_size: int, max_num_tokens: int,
-                 dtype: torch.dtype) -> int:
+def step_reserve(config, max_num_tokens: int, dtype: torch.dtype) -> int:
     """Bytes a step of `max_num_tokens` tokens needs besides the pool: float32 logits, the
-    widest activations (gate-up output, residual, norm, attention) twice over, the graphs' pool."""
+    widest activations (gate-up output; residual, norm and o_proj output; the QKV output, wider
+    than the hidden size where head_dim x heads exceeds it, as in Qwen3) twice over, the graphs' pool."""
     width = torch.empty((), dtype=dtype).element_size()
-    activations = max_num_tokens * (2 * intermediate_size + 4 * hidden_size) * width
-    return max_num_tokens * vocab_size * 4 + 2 * activations + GRAPH_RESERVE
+    qkv = (config.num_attention_heads + 2 * config.num_key_value_heads) * config.head_dim
+    activations = max_num_tokens * (2 * config.intermediate_size + 3 * config.hidden_size + qkv) * width
+    return max_num_tokens * config.vocab_size * 4 + 2 * activations + GRAPH_RESERVE
 
 
 def blocks_for_memory(bytes_per_block: int, utilization: float, reserve: int, reserved_blocks: int = 1,
@@ -75,6 +76,5 @@ def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype,
     if not device.startswith("cuda"):
         return DEFAULT_BLOCKS
     tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
-    reserve = step_reserve(model_config.vocab_size, model_config.hidden_size, model_config.intermediate_size,
-                           tokens, dtype)
+    reserve = step_reserve(model_config, tokens, dtype)
     return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, reserved_blocks, memory_info)

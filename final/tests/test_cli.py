@@ -36,6 +36,37 @@ def test_cli_serves_a_model_folder(tiny_folder):
         assert stop(proc) == 0
 
 
+def test_cli_serves_a_qwen3_folder_transformers_wrote(tmp_path, byte_tok):
+    """`--model` on a Qwen3 folder as transformers saves one (its Qwen3Config, save_pretrained):
+    a chat request's greedy tokens and logprobs are transformers' own; /v1/models names it."""
+    from transformers import Qwen3Config
+
+    from course.final.testing import CHAT_TEMPLATE
+    from course.s01_decode_loop.testing import greedy_reference, save_transformers_model
+
+    byte_tok.chat_template = CHAT_TEMPLATE
+    config = Qwen3Config(vocab_size=258, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                         bos_token_id=256, eos_token_id=257)
+    hf = save_transformers_model(config, byte_tok, tmp_path)
+    messages = [{"role": "user", "content": "hi"}]
+    ids = byte_tok(byte_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                   add_special_tokens=False).input_ids
+    tokens, logprobs = greedy_reference(hf, ids, 8)
+    proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--served-model-name", "qwen3-tiny")
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.chat.completions.create(model="qwen3-tiny", messages=messages, max_tokens=8, temperature=0,
+                                             logprobs=True, extra_body={"ignore_eos": True})
+        card = httpx.get(url + "/v1/models").json()["data"][0]
+    finally:
+        assert stop(proc) == 0
+    got = out.choices[0].logprobs.content
+    assert [t.token for t in got] == [byte_tok.decode([t]) for t in tokens]
+    assert all(abs(t.logprob - want) < 1e-4 for t, want in zip(got, logprobs, strict=True))
+    assert (card["id"], card["architecture"]) == ("qwen3-tiny", "Qwen3ForCausalLM")
+
+
 def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
     """SIGTERM with a stream in flight: the stream ends properly (finished, or stopped with a
     shutdown error event), the process exits 0 on its own, having said it drained."""

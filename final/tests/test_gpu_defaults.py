@@ -76,6 +76,26 @@ def test_cuda_sizes_the_pool_from_memory_and_explicit_sizes_win():
     assert num_kv_blocks(serve_args(), None, config, torch.float32, "cpu") == DEFAULT_BLOCKS  # no query on the CPU
 
 
+def test_the_pool_is_sized_by_head_dim_not_hidden_over_heads():
+    """Qwen3-0.6B's shape: 16 query heads of 128 over a hidden size of 1,024 (not 64 each), 8 KV
+    heads, 28 layers: 2 x 28 x 8 x 128 x 2 bytes = 112 KiB a token in bf16, and the step's reserve
+    counts the QKV output, 4,096 wide."""
+    from transformers import Qwen3Config
+
+    from course.final.launch.kv_pool import step_reserve
+    from course.s01_decode_loop.config import ModelConfig
+
+    config = ModelConfig.from_hf(Qwen3Config(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                                             num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                                             head_dim=128))
+    assert kv_bytes_per_token(config, torch.bfloat16) == 112 * 1024
+    assert num_kv_blocks(serve_args("--kv-memory", "112MiB"), 112 * 2**20, config, torch.bfloat16, "cuda",
+                         fake_card(4 * GiB, GiB)) == 1024 // 16
+    hidden_over_heads = ModelConfig.from_hf({**config.to_hf(), "head_dim": 64})
+    wider = step_reserve(config, 100, torch.bfloat16) - step_reserve(hidden_over_heads, 100, torch.bfloat16)
+    assert wider == 2 * 100 * (4096 - 2048) * 2  # twice over, 100 rows, the QKV outputs' widths, bf16
+
+
 def test_start_up_captures_every_graph_bucket_before_the_first_request(tiny_folder, capsys):
     args = serve_args("--model", str(tiny_folder), "--device", "cpu", "--cuda-graphs", "--kv-blocks", "64",
                       "--max-num-seqs", "8", "--max-num-batched-tokens", "64")

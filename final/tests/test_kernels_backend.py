@@ -5,7 +5,7 @@ import argparse
 import openai
 import pytest
 
-from course.final.cli import kernel_options
+from course.final.launch.kernel_options import kernel_options
 from course.final.testing import live_server, tiny_engine
 
 SETTINGS = {"torch": {}, "torch+fused+graphs": {"fused": True, "cuda_graphs": True},
@@ -51,12 +51,12 @@ def test_server_answers_are_the_same_with_every_kernel_setting(byte_tok):
      {"attention_backend": "torch", "cuda_graphs": True, "fused": True, "linear_splits": 2}),
 ])
 def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, monkeypatch):
-    monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: threads)
+    monkeypatch.setattr("torch.get_num_threads", lambda: threads)
     args = argparse.Namespace(device=device, attention_backend=None, cuda_graphs=None, fused=None, linear_splits=None,
                               quantization=None)
     for key, value in flags.items():
         setattr(args, key, value)
-    assert kernel_options(args) == {"quantization": None} | want
+    assert kernel_options(args) == {"quantization": None, "overlap": device == "cuda"} | want
 
 
 def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monkeypatch):
@@ -77,7 +77,7 @@ def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monke
 
 
 def test_cli_refuses_split_linears_without_the_fused_model(monkeypatch):
-    monkeypatch.setattr("course.final.cli.torch.get_num_threads", lambda: 2)
+    monkeypatch.setattr("torch.get_num_threads", lambda: 2)
     args = argparse.Namespace(device="cpu", attention_backend=None, cuda_graphs=None, fused=False, linear_splits=None)
     with pytest.raises(ValueError, match="--no-fused"):
         kernel_options(args)

@@ -14,7 +14,7 @@ from course.final.testing import CHAT_TEMPLATE, live_server
 from course.final.testing import start_cli_server as start
 from course.final.testing import stop_cli_server as stop
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.testing import TINY_EOS, tiny_model, transformers_greedy, transformers_twin
+from course.s01_decode_loop.testing import TINY_EOS, greedy_reference, hf_twin, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 PROMPTS = [b"You are a helpful assistant. abcabcabc", b"a", b"the cat sat on the mat, the cat", b"0123456789" * 2]
@@ -24,14 +24,14 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "tag": {"e
 
 def test_moe_engine_with_lookup_speculation_and_preemption_equals_transformers(byte_tok):
     model = tiny_model("mixtral_moe")
-    hf = transformers_twin(model)
+    hf = hf_twin(model)
     config = KernelEngineConfig(num_blocks=22, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
     engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 4))
     outs = engine.generate([list(p) for p in PROMPTS], [SamplingParams(max_new_tokens=20, temperature=0,
                                                                        ignore_eos=True)] * len(PROMPTS))
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
     for prompt, out in zip(PROMPTS, outs):
-        assert out.token_ids == transformers_greedy(hf, list(prompt), 20)
+        assert out.token_ids == greedy_reference(hf, list(prompt), 20)[0]
 
 
 def test_moe_server_answers_follow_a_grammar(byte_tok):

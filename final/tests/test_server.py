@@ -12,6 +12,7 @@ import torch
 
 from course.final.testing import live_server, metric, tiny_engine
 from course.s01_decode_loop.generate import next_token_logits
+from course.s01_decode_loop.testing import greedy_reference, hf_twin, tiny_model
 
 
 @pytest.fixture
@@ -66,7 +67,7 @@ def test_server_stop_strings(client):
     (json.dumps({"prompt": "x", "logprobs": 21}), 400),        # over MAX_LOGPROBS
     (json.dumps({"prompt": "x", "stop": [""]}), 400),          # an empty stop string
     (json.dumps({"prompt": "x", "seed": "seven"}), 400),
-    (json.dumps({"prompt": ["x", "y"]}), 400),                 # batched prompts: not supported
+    (json.dumps({"prompt": [["x"], "y"]}), 400),               # neither strings nor token ids
     (json.dumps([1, 2]), 400),                                 # not an object
     (json.dumps({"prompt": "x" * 600, "max_tokens": 10}), 400),  # over the context, with numbers
     (json.dumps({"max_tokens": 3}), 400),                      # no prompt
@@ -118,7 +119,23 @@ def test_server_disconnect_mid_stream_frees_blocks(server):
 
 def test_server_health_and_models(server):
     assert httpx.get(server[0] + "/health").json() == {"status": "ok"}
-    assert httpx.get(server[0] + "/v1/models").json()["data"][0]["id"] == "tiny"
+    card = httpx.get(server[0] + "/v1/models").json()["data"][0]
+    assert card["id"] == "tiny" and card["architecture"] == "LlamaForCausalLM"
+
+
+def test_server_serves_qwen3_as_transformers_generates(byte_tok):
+    """Qwen3 (q/k norm, heads x head_dim wider than the hidden size) behind the server: the greedy
+    tokens and their logprobs are transformers' own, and /v1/models names the architecture."""
+    tokens, logprobs = greedy_reference(hf_twin(tiny_model("qwen3")), byte_tok("Hello").input_ids, 12)
+    with live_server(tiny_engine(byte_tok, model="qwen3"), byte_tok) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny", prompt="Hello", max_tokens=12, temperature=0, logprobs=1,
+                                        extra_body={"ignore_eos": True})
+        card = httpx.get(url + "/v1/models").json()["data"][0]
+    lp = out.choices[0].logprobs
+    assert lp.tokens == [byte_tok.decode([t]) for t in tokens]
+    assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(lp.token_logprobs, logprobs, strict=True))
+    assert card["architecture"] == "Qwen3ForCausalLM"
 
 
 def test_server_n_choices_are_the_seeded_single_requests(client):

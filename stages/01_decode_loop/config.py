@@ -12,7 +12,10 @@ from typing import Any
 
 from .moe.config import moe_fields, moe_hf_fields
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "mixtral", "qwen2_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}  # model_type -> the class name config.json carries
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -34,6 +37,7 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2 has biases on q/k/v; Llama's `attention_bias` puts them on o too
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: each head's q and k RMS-normed (own weights, [head_dim]) before RoPE
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = "llama"
@@ -64,6 +68,11 @@ class ModelConfig:
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def architecture(self) -> str:
+        """The transformers class name of this family, e.g. "Qwen3ForCausalLM"."""
+        return ARCHITECTURES[self.model_type]
+
     @classmethod
     def from_hf(cls, hf: Any) -> "ModelConfig":
         """Build from a HF config: a dict (config.json) or a transformers PretrainedConfig."""
@@ -72,6 +81,8 @@ class ModelConfig:
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not a Llama-family model we implement; "
                              f"supported: {SUPPORTED_MODEL_TYPES}")
+        if d.get("use_sliding_window"):
+            raise ValueError(f"this {model_type} config turns on sliding-window attention, which we do not implement")
         heads = d["num_attention_heads"]
         # transformers 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
@@ -96,6 +107,7 @@ class ModelConfig:
             qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", False)),
             o_bias=attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             model_type=model_type,
@@ -107,10 +119,10 @@ class ModelConfig:
         return cls.from_hf(json.loads(Path(path).read_text()))
 
     def to_hf(self) -> dict[str, Any]:
-        """A config.json dict that transformers' LlamaForCausalLM (or Qwen2) accepts."""
+        """A config.json dict that transformers' class for this family (`architecture`) accepts."""
         d = {
             "model_type": self.model_type,
-            "architectures": ["Qwen2ForCausalLM" if self.model_type == "qwen2" else "LlamaForCausalLM"],
+            "architectures": [self.architecture],
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,

@@ -1,4 +1,5 @@
-"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA, Mixtral's experts).
+"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA, Qwen3's q/k norm,
+Mixture-of-Experts layers: Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 Module and parameter names mirror Hugging Face's LlamaForCausalLM, so its checkpoints load
 with a plain `load_state_dict`. The model works on a *flat* batch: input_ids is [T], the
@@ -43,11 +44,18 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=config.o_bias)
+        # Qwen3: an RMSNorm over each head's d channels of q and of k, before RoPE: a query's and
+        # a key's sizes are then set by learned weights, so attention logits cannot run away.
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x, cos, sin, attn: AttentionBackend, meta: AttentionMetadata):
         t = x.shape[0]
-        q = apply_rope(self.q_proj(x).view(t, self.n_heads, self.head_dim), cos, sin)
-        k = apply_rope(self.k_proj(x).view(t, self.n_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)
         out = attn.forward(self.layer_idx, q, k, v, meta)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))

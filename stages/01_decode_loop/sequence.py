@@ -88,11 +88,20 @@ class Sequence:
             event.logprob, event.top_logprobs = token_logprobs(logits, token_id, self.params.logprobs)
         return event
 
+    def reserve(self) -> None:
+        """Hold a place in all_ids for a token drawn on the device whose id is not read yet (an
+        engine that runs the next step before reading this one's tokens); `append` fills it."""
+        self._all_ids.append(-1)
+
     def append(self, token_id: int) -> TokenEvent:
         """Record a sampled token; return the text it makes safe to emit."""
         assert not self.finished, "append() after the sequence finished"
         self.output_ids.append(token_id)
-        self._all_ids.append(token_id)
+        known = len(self.prompt_ids) + len(self.output_ids)
+        if known <= len(self._all_ids):
+            self._all_ids[known - 1] = token_id  # the place `reserve` held
+        else:
+            self._all_ids.append(token_id)
         self.token_times.append(time.perf_counter() - self.start_time)
         if token_id in self.stop_ids:
             self.finish_reason = "stop"  # the stop token's own text is not shown

@@ -2,8 +2,8 @@
 
 Each config exercises something the real model would not: grouped-query and multi-query
 attention, odd head counts, untied lm_head, Qwen2-style q/k/v biases, Llama-3 RoPE scaling,
-a head_dim that is not hidden/heads, Mixture-of-Experts layers (4 experts, top-2). Weights
-are seeded, so every run sees the same model.
+a head_dim that is not hidden/heads, Qwen3's per-head q/k norm, Mixture-of-Experts layers (4
+experts, top-2). Weights are seeded, so every run sees the same model.
 """
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
                                   "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                                    "high_freq_factor": 4.0,
                                                    "original_max_position_embeddings": 64}}),
+    "qwen3": ModelConfig(**{**_BASE, "hidden_size": 48, "head_dim": 32, "qk_norm": True,
+                            "model_type": "qwen3", "rope_theta": 1_000_000.0}),  # heads x head_dim = 128 > 48
     "mixtral_moe": ModelConfig(**{**_BASE, "model_type": "mixtral", "num_experts": 4, "num_experts_per_tok": 2,
                                   "moe_intermediate_size": 32}),
 }
@@ -87,18 +89,35 @@ def save_hf_folder(model: CausalLM, tokenizer, path) -> None:
     tokenizer.save_pretrained(path)
 
 
-def transformers_twin(model: CausalLM):
-    """The transformers model of the same architecture holding exactly `model`'s weights: the
-    reference our greedy ids are checked against."""
+def hf_twin(model: CausalLM):
+    """A transformers model of the same family (config.architecture) holding exactly our weights."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model.config.to_hf()), dtype=model.dtype).eval()
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model.config.to_hf()), dtype=torch.float32).eval()
     missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
     assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
     return hf
 
 
-def transformers_greedy(hf, prompt_ids: list[int], n: int) -> list[int]:
-    """transformers' greedy `generate`: n new token ids, EOS ignored."""
-    out = hf.generate(torch.tensor([prompt_ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt_ids):].tolist()
+def greedy_reference(hf, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """transformers' `generate`: the n greedy tokens after `ids` (EOS or not), and each one's log-probability."""
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0,
+                      output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
+
+
+def save_transformers_model(hf_config, tokenizer, path, seed: int = 0):
+    """A random model built and saved by transformers itself (`save_pretrained`, its own config
+    class), norm weights moved off 1 so a skipped norm shows; returns the transformers model."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    hf = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+    hf.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return hf

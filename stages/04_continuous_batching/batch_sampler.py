@@ -61,7 +61,7 @@ def sample_batch(logits: torch.Tensor, seqs: list[Sequence],
             results[i] = e
     alive = [i for i, r in enumerate(results) if r is None]
     if len(alive) < len(seqs):
-        index = torch.tensor(alive, dtype=torch.long, device=logits.device)
+        index = to_device(alive, torch.long, logits.device)
         work, logits = work[index], logits[index]
     for i, sample in zip(alive, _sample_rows(work, logits, [seqs[i] for i in alive], shared)):
         results[i] = sample
@@ -94,6 +94,17 @@ def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence],
     if not seqs:
         return []
     params = [seq.params for seq in seqs]
+    tokens = sample_tokens(work, seqs, shared)
+    host = _to_host(tokens, *_logprobs(raw, tokens, params))  # the one sync
+    samples = [Sample(int(t)) for t in host[0]]
+    _attach_logprobs(samples, params, host[1:])
+    return samples
+
+
+def sample_tokens(work: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
+    """Every row's token, left on the device (no sync): greedy rows by argmax, sampled rows as
+    one sub-batch through the filter chain and the race. work: float32 logits after processors."""
+    params = [seq.params for seq in seqs]
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) < len(seqs):
         # the greedy rows' tokens (the sampled rows' are replaced below). max().indices is argmax,
@@ -101,15 +112,26 @@ def _sample_rows(work: torch.Tensor, raw: torch.Tensor, seqs: list[Sequence],
         tokens = work.max(dim=-1).indices
     if sampled:  # the sampled rows as one sub-batch: the filter chain, then the race
         everyone = len(sampled) == len(seqs)
-        index = None if everyone else torch.tensor(sampled, dtype=torch.long, device=work.device)
+        index = None if everyone else to_device(sampled, torch.long, work.device)
         x = filter_rows(work if everyone else work[index], [params[i] for i in sampled])
         drawn = _race(x, [seqs[i] for i in sampled], shared).max(dim=-1).indices
         tokens = drawn if everyone else tokens.index_put_((index,), drawn)
+    return tokens
 
-    host = _to_host(tokens, *_logprobs(raw, tokens, params))  # the one sync
-    samples = [Sample(int(t)) for t in host[0]]
-    _attach_logprobs(samples, params, host[1:])
-    return samples
+
+def samples_on_device(seq: Sequence) -> bool:
+    """Can this row's token be drawn without the host knowing its output so far? Not with
+    processors or penalties (they read its token ids), nor logprobs (read back with the token)."""
+    p = seq.params
+    return not p.logits_processors and not has_penalties(p) and p.logprobs is None
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for it: `torch.tensor(values, device=cuda)`
+    copies from pageable memory and waits for the device to drain, a sync in the middle of a step."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def _race(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
@@ -137,7 +159,7 @@ def exponential_noise(like: torch.Tensor, seqs: list[Sequence], shared: torch.Ge
     if len(own) < len(seqs):
         if not own:  # every row unseeded: draw straight into q
             return q.exponential_(generator=shared)
-        rest = torch.tensor(sorted(set(range(len(seqs))) - set(own)), dtype=torch.long, device=q.device)
+        rest = to_device(sorted(set(range(len(seqs))) - set(own)), torch.long, q.device)
         q[rest] = torch.empty((len(rest), q.shape[-1]), dtype=q.dtype, device=q.device).exponential_(generator=shared)
     return q
 
@@ -153,7 +175,7 @@ def filter_rows(work: torch.Tensor, params: list[SamplingParams]) -> torch.Tenso
         return [i for i, p in enumerate(params) if not p.greedy and enabled(p)]
 
     def column(values) -> torch.Tensor:  # one parameter per row: [n, 1], float32 like stage 01's scalars
-        return torch.tensor(values, dtype=torch.float32, device=work.device)[:, None]
+        return to_device(values, torch.float32, work.device)[:, None]
 
     hot = rows(lambda p: p.temperature != 1.0)
     work = _on_rows(work, hot, lambda x: x / column([params[i].temperature for i in hot]))
@@ -170,7 +192,7 @@ def _on_rows(work: torch.Tensor, rows: list[int], fn) -> torch.Tensor:
     if len(rows) == work.shape[0]:
         return fn(work)
     if rows:
-        index = torch.tensor(rows, dtype=torch.long, device=work.device)
+        index = to_device(rows, torch.long, work.device)
         work[index] = fn(work[index])
     return work
 
@@ -178,7 +200,7 @@ def _on_rows(work: torch.Tensor, rows: list[int], fn) -> torch.Tensor:
 def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     """Stage 01's apply_top_k with a k per row: the k-th largest value is the same value whether
     it is read from topk(k) or from the sorted topk(max k), so the kept set is the same."""
-    k = torch.tensor(ks, dtype=torch.long, device=x.device)[:, None]
+    k = to_device(ks, torch.long, x.device)[:, None]
     kth = torch.topk(x, max(ks), dim=-1).values.gather(-1, k - 1)
     return x.masked_fill(x < kth, float("-inf"))
 
@@ -190,7 +212,7 @@ def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params) -> list[torch.Ten
     asked = [i for i, p in enumerate(params) if p.logprobs is not None]
     if not asked:
         return []
-    index = torch.tensor(asked, dtype=torch.long, device=raw.device)
+    index = to_device(asked, torch.long, raw.device)
     logp = torch.log_softmax(raw[index].float(), dim=-1)
     parts = [logp.gather(-1, tokens[index][:, None])]
     for j, i in enumerate(asked):

@@ -126,17 +126,22 @@ class LLMEngine:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
     def step(self) -> list[StepOutput]:
-        sched = self.scheduler.schedule()
-        if not sched.chunks:
+        chunks = self._schedule()
+        if not chunks:
             return []
+        logits = self._run(chunks)
+        return self._postprocess(chunks, logits)
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """The scheduler's (request, number of tokens) pairs for this step, timed and logged."""
+        sched = self.scheduler.schedule()
         now = time.perf_counter()
         for req, _ in sched.chunks:
             req.first_scheduled_time = req.first_scheduled_time or now
-        if self.config.record_steps:
+        if self.config.record_steps and sched.chunks:
             self.step_log.append({"chunks": [(r.request_id, n, r.num_computed_tokens) for r, n in sched.chunks],
                                   "preempted": [r.request_id for r in sched.preempted]})
-        logits = self._run(sched.chunks)
-        return self._postprocess(sched.chunks, logits)
+        return sched.chunks
 
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[GenerationOutput]:
         """Offline batch: submit everything, step until all are done, outputs in prompt order."""

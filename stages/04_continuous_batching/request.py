@@ -39,7 +39,7 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.seq.prompt_ids) + len(self.seq.output_ids)
+        return len(self.seq.all_ids)  # with a token sampled on the device but not read yet (stage 06)
 
     @property
     def num_uncomputed(self) -> int:

@@ -22,7 +22,12 @@ import torch
 def verify_greedy(target_logits: torch.Tensor, draft: list[int]) -> list[int]:
     """target_logits: [k+1, vocab] (already processed: penalties applied). Returns the tokens
     to emit: the accepted prefix of `draft`, then the target's own token."""
-    choices = torch.argmax(target_logits, dim=-1).tolist()
+    return accept_greedy(torch.argmax(target_logits, dim=-1).tolist(), draft)
+
+
+def accept_greedy(choices: list[int], draft: list[int]) -> list[int]:
+    """verify_greedy on the target's argmax tokens already read to the host (an engine reads
+    a whole step's at once: one sync, not one per request)."""
     out = []
     for i, d in enumerate(draft):
         if d != choices[i]:

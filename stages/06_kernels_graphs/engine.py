@@ -20,7 +20,8 @@ from .backends import make_backend
 from .cpu.settings import CpuSettings
 from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
-from .model_runner import ModelRunner
+from .model_runner import Feed, ModelRunner
+from .overlap import OverlapScheduler
 
 
 @dataclass
@@ -35,6 +36,7 @@ class KernelEngineConfig(EngineConfig):
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
     triton_kernels: str = "gpu"          # "gpu" (gpu/: tensor cores, shape-only grids) or "lesson"
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
+    overlap: bool = False                # launch a steady decode step before reading the last one's tokens (overlap/)
     cpu: CpuSettings = field(default_factory=CpuSettings)  # what only the CPU needs (cpu/settings.py)
     # the CPU settings may also be given one by one (final/'s command line does): they land in `cpu`
     linear_splits: InitVar[int | None] = None
@@ -79,6 +81,7 @@ class LLMEngine(BatchingEngine):
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
                                   dummy_block=dummy, graphs=graphs)
         self.graphed_steps = 0
+        self.overlap = OverlapScheduler(self) if config.overlap else None
 
     @torch.no_grad()
     def warm_up(self) -> int:
@@ -92,11 +95,23 @@ class LLMEngine(BatchingEngine):
             graphs.capture_all()
         return len(graphs.graphs) + len(graphs.mixed_graphs)
 
-    def _run(self, chunks):
-        out = self.runner.run(*self._flatten(chunks))
+    def step(self):
+        return self.overlap.step() if self.overlap else super().step()
+
+    def has_unfinished(self) -> bool:
+        return super().has_unfinished() or bool(self.overlap and self.overlap.inflight)
+
+    def overlap_allowed(self) -> bool:
+        """May a step be launched before the previous one's tokens are read? (An engine that
+        drafts from those tokens says no.)"""
+        return True
+
+    def _run(self, chunks, feed: Feed | None = None):
+        out = self.runner.run(*self._flatten(chunks), feed)
         self.graphed_steps += out.graphed
         self.last_hidden = out.hidden  # every row's final hidden state: drafters (final/'s EAGLE) read it
         return out.logits
 
     def stats(self) -> dict:
-        return {**super().stats(), "backend": self.attn.name, "graphed_steps": self.graphed_steps}
+        overlapped = {"overlapped_steps": self.overlap.deferred_steps} if self.overlap else {}
+        return {**super().stats(), "backend": self.attn.name, "graphed_steps": self.graphed_steps, **overlapped}

@@ -11,6 +11,7 @@ What changes, per layer (the unfused count in brackets):
 * RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries];
   beside a backend that offers it (`rotary_in_kv_write`: Triton's), in the KV write's launch.
 * silu(gate) * up is one kernel [silu, mul, and a temporary between them].
+* Qwen3's q/k norm is the same RMSNorm kernel over rows of one head each, before RoPE.
 
 `ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
 only), "triton" (fused_norm.py, rotary.py and silu_mul.py) or "cpu" (cpu/ops.c: C loops for the CPU).
@@ -103,6 +104,8 @@ class FusedLayer(nn.Module):
         self.down_proj = None if self.moe else layer.mlp.down_proj
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
+        self.q_norm = a.q_norm.weight if a.q_norm is not None else None  # Qwen3's, per head
+        self.k_norm = a.k_norm.weight if a.k_norm is not None else None
         self.eps = config.rms_norm_eps
 
     def forward(self, x, residual, cos, sin, attn, meta, ops, rotary_in_attn=False):
@@ -117,6 +120,9 @@ class FusedLayer(nn.Module):
         q = qkv[:, : self.n_heads * d].view(t, self.n_heads, d)  # strided views: no copies
         k = qkv[:, self.n_heads * d: (self.n_heads + self.n_kv) * d].view(t, self.n_kv, d)
         v = qkv[:, (self.n_heads + self.n_kv) * d:].view(t, self.n_kv, d)
+        if self.q_norm is not None:  # one row per head: [t * heads, d]
+            q = ops.rms_norm(q.reshape(-1, d), self.q_norm, self.eps).view(t, self.n_heads, d)
+            k = ops.rms_norm(k.reshape(-1, d), self.k_norm, self.eps).view(t, self.n_kv, d)
         if rotary_in_attn:
             out = attn.rotary_forward(self.layer_idx, q, k, v, cos, sin, meta)
         else:

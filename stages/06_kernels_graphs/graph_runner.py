@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from .model_runner import upload
+from .model_runner import Feed, upload, upload_ids
 from .sync_guard import sync_guard
 
 Step = Callable[[], tuple[torch.Tensor, ...]]
@@ -172,7 +172,7 @@ class GraphRunner:
         return hidden, self.model.compute_logits(hidden[self.sample_index[:self.logit_rows(tokens)]])
 
     @torch.no_grad()
-    def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]]):
+    def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], feed: Feed | None = None):
         """Refill the static buffers (padding rows included), replay, and return the real rows'
         (hidden, logits)."""
         if not self.graphs:
@@ -186,7 +186,7 @@ class GraphRunner:
         for _, _, table in seqs:
             used = table[:self.width]
             tables += used + [self.dummy_block] * (self.width - len(used))
-        upload(self.input_ids, token_ids + [0] * pad)
+        upload_ids(self.input_ids, token_ids + [0] * pad, feed)
         upload(self.positions, positions + [0] * pad)
         upload(self.seq_lens, [p + 1 for p in positions] + [1] * pad)
         upload(self.slot_mapping, slots + [self.dummy_block * bs] * pad)
@@ -197,7 +197,8 @@ class GraphRunner:
         return hidden[:n], logits[:n]
 
     @torch.no_grad()
-    def run_mixed(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int]):
+    def run_mixed(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int],
+                  feed: Feed | None = None):
         """A step with prefill chunks or several tokens per sequence: refill the mixed buffers,
         replay the token bucket's graph, and return (hidden of the real rows, logits of
         sample_rows)."""
@@ -215,7 +216,7 @@ class GraphRunner:
             tables += used + [self.dummy_block] * (self.width - len(used))
         empty = batch - len(seqs)  # sequence slots with no tokens: nothing to attend
         pad = tokens - n  # token rows of no sequence: their K/V go to the dummy block
-        upload(self.input_ids, token_ids + [0] * pad)
+        upload_ids(self.input_ids, token_ids + [0] * pad, feed)
         upload(self.positions, positions + [0] * pad)
         upload(self.slot_mapping, slots + [self.dummy_block * bs] * pad)
         upload(self.mixed_cu_seqlens_q, cu + [n] * empty)

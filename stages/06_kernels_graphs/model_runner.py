@@ -44,6 +44,18 @@ def upload(buffer: torch.Tensor, values: list[int]) -> torch.Tensor:
     return view
 
 
+Feed = tuple[torch.Tensor, torch.Tensor]  # (rows, token ids) on the device: ids the host has not read
+
+
+def upload_ids(buffer: torch.Tensor, token_ids: list[int], feed: Feed | None) -> torch.Tensor:
+    """The step's token ids into the front of the input buffer; the rows in `feed` then take
+    tokens the previous step sampled on the device (overlap/), a device-to-device copy."""
+    view = upload(buffer, token_ids)
+    if feed is not None:
+        buffer.index_copy_(0, *feed)
+    return view
+
+
 class ModelRunner:
     def __init__(self, model: CausalLM, backend: KernelBackend, *, max_num_tokens: int, max_num_seqs: int,
                  max_blocks_per_seq: int, dummy_block: int, graphs: GraphRunner | None = None):
@@ -60,21 +72,23 @@ class ModelRunner:
         self.block_tables = torch.zeros(max_num_seqs * max_blocks_per_seq, **long)
 
     @torch.no_grad()
-    def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int]) -> RunOutput:
-        """seqs: (num_cached, num_new, block_table) per sequence, as stage 04's engine flattens them."""
+    def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int],
+            feed: Feed | None = None) -> RunOutput:
+        """seqs: (num_cached, num_new, block_table) per sequence, as stage 04's engine flattens them.
+        feed: rows whose ids are still on the device (see `upload_ids`)."""
         max_seq_len = max(c + n for c, n, _ in seqs)
         if self.graphs and all(n == 1 for _, n, _ in seqs) and self.graphs.fits(len(seqs), max_seq_len):
-            hidden, logits = self.graphs.run(token_ids, seqs)  # every decode row samples
+            hidden, logits = self.graphs.run(token_ids, seqs, feed)  # every decode row samples
             return RunOutput(logits, hidden, graphed=True)
         if self.graphs and self.graphs.fits_mixed(len(token_ids), len(seqs), max_seq_len, len(sample_rows)):
-            hidden, logits = self.graphs.run_mixed(token_ids, seqs, sample_rows)
+            hidden, logits = self.graphs.run_mixed(token_ids, seqs, sample_rows, feed)
             return RunOutput(logits, hidden, graphed=True)
-        ids, meta = self.prepare(token_ids, seqs)
+        ids, meta = self.prepare(token_ids, seqs, feed)
         hidden = self.model(ids, self.backend, meta)
         logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)
         return RunOutput(logits, hidden, graphed=False)
 
-    def prepare(self, token_ids, seqs):
+    def prepare(self, token_ids, seqs, feed: Feed | None = None):
         """Fill the persistent buffers for one eager step; returns (input ids, metadata)."""
         bs = self.block_size
         positions, slots, cu, tables = [], [], [0], []
@@ -93,4 +107,4 @@ class ModelRunner:
             block_tables=upload(self.block_tables, tables).view(len(seqs), width),
             max_query_len=max(n for _, n, _ in seqs), max_seq_len=max(c + n for c, n, _ in seqs),
             host_lens=([n for _, n, _ in seqs], [c + n for c, n, _ in seqs]))
-        return upload(self.input_ids, token_ids), meta
+        return upload_ids(self.input_ids, token_ids, feed), meta

@@ -1,5 +1,6 @@
 """The GPU engine benchmark's plumbing, on the CPU: its dry run steps every workload to the end,
-times every step, and the oracle drafter is accepted whole and changes no token."""
+times every step, overlap scheduling changes no token, and the oracle drafter is accepted whole
+and changes no token."""
 import json
 
 from course.final.bench.gpu_engine import llama_config, main
@@ -17,6 +18,8 @@ def test_the_dry_run_measures_every_step_and_the_oracle_is_accepted_whole(tmp_pa
         assert row["tokens"] == row["streams"] * row["new_tokens"]  # every token counted once
         assert all(w >= d >= 0 for w, d in zip(per_step["wall_ms"], per_step["device_ms"]))
         assert row["graphed_steps"] == row["engine_graphed_steps"] == sum(per_step["graphed"])
+    overlap = rows["decode", 4, "overlap"]
+    assert overlap["same_tokens_as_sync"] and ("decode", 4, "sync") in rows
     for streams in (1, 2):
         oracle = rows["speculation", streams, "oracle k=4"]
         assert oracle["acceptance_rate"] == 1.0 and oracle["same_tokens_as_none"]

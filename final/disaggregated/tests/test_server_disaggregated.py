@@ -130,6 +130,8 @@ def test_greedy_chat_and_completions_equal_the_unified_server(server, unified, s
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
     ({"prompt": "hi", "response_format": {"type": "json_object"}}, "response_format"),
     ({"prompt": "hi", "priority": 1}, "priority"),
+    ({"prompt": ["hi", "yo"], "echo": True, "logprobs": 1, "max_tokens": 0}, "logprobs"),
+    ({"prompt": [104, 105], "prompt_logprobs": 1}, "prompt logprobs"),
 ])
 def test_unsupported_options_are_refused_by_name(server, body, option):
     route = "/v1/chat/completions" if "messages" in body else "/v1/completions"

@@ -3,9 +3,6 @@ from __future__ import annotations
 
 from typing import Any
 
-ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
-
-
 def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig's MoE fields from a HF config dict (none for a dense model). Mixtral's
     experts are `intermediate_size` wide and always renormalised; Qwen-MoE configs say both."""
@@ -25,7 +22,7 @@ def moe_hf_fields(c) -> dict[str, Any]:
     """The HF config entries of a ModelConfig's MoE fields (none for a dense model)."""
     if not c.num_experts:
         return {}
-    d = dict(architectures=[ARCHITECTURES[c.model_type]], num_experts_per_tok=c.num_experts_per_tok,
+    d = dict(num_experts_per_tok=c.num_experts_per_tok,
              num_local_experts=c.num_experts, num_experts=c.num_experts, moe_intermediate_size=c.moe_intermediate_size,
              norm_topk_prob=c.norm_topk_prob, decoder_sparse_step=c.decoder_sparse_step,
              mlp_only_layers=c.mlp_only_layers, shared_expert_intermediate_size=c.shared_expert_intermediate_size,

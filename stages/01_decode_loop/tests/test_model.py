@@ -1,24 +1,15 @@
 """Our from-scratch model computes what transformers' LlamaForCausalLM computes."""
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
 from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.generate import encode_prompt, generate_naive
 from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import hf_twin
 
 PROMPT_LENGTHS = [1, 7, 100]  # a single token, a short prompt, one past llama3_rope's original context
-
-
-def hf_twin(model):
-    """A transformers model holding exactly our weights."""
-    cfg = model.config.to_hf()
-    hf_cfg = AutoConfig.for_model(**cfg)
-    hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32).eval()
-    missing, unexpected = hf.load_state_dict(model.state_dict(), strict=False)
-    assert not unexpected and all("rotary" in k for k in missing), (missing, unexpected)
-    return hf
 
 
 @torch.no_grad()
@@ -70,6 +61,9 @@ def test_config_rejects_non_llama_models():
         ModelConfig.from_hf({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
                              "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
                              "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="sliding-window"):
+        ModelConfig.from_hf({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "use_sliding_window": True})
 
 
 def test_config_reads_transformers5_rope_parameters():

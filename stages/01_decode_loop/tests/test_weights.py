@@ -5,12 +5,12 @@ from transformers import AutoModelForCausalLM
 
 from course.s01_decode_loop import default_model
 from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
-from course.s01_decode_loop.testing import save_hf_folder, tiny_model
+from course.s01_decode_loop.testing import save_hf_folder, save_transformers_model, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 
 
 def test_weights_hf_folder_round_trip(tmp_path, byte_tok):
-    for name in ["gqa_tied", "mha_untied"]:
+    for name in ["gqa_tied", "mha_untied", "qwen3"]:
         model = tiny_model(name, seed=3)
         save_hf_folder(model, byte_tok, tmp_path / name)
         loaded = load_model(tmp_path / name)
@@ -25,6 +25,24 @@ def test_weights_hf_folder_round_trip(tmp_path, byte_tok):
             loaded.model(ids, FullCausalAttention(), AttentionMetadata.for_full_sequences([4])))
         torch.testing.assert_close(ours, hf(ids[None]).logits[0].detach(), atol=1e-5, rtol=1e-4)
         assert loaded.eos_token_ids == [257]
+
+
+def test_weights_a_qwen3_folder_transformers_wrote_loads_and_agrees(tmp_path, byte_tok):
+    """Qwen3 as transformers lays it out (its own config and save_pretrained): per-head q/k norm
+    weights, biases on q/k/v/o (attention_bias), head_dim independent of hidden/heads."""
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(vocab_size=258, hidden_size=40, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=24, attention_bias=True,
+                         tie_word_embeddings=False, eos_token_id=257)
+    hf = save_transformers_model(config, byte_tok, tmp_path)
+    loaded = load_model(tmp_path)
+    c = loaded.config
+    assert (c.model_type, c.architecture, c.qk_norm, c.qkv_bias, c.o_bias, c.head_dim) == \
+        ("qwen3", "Qwen3ForCausalLM", True, True, True, 24)
+    ids = torch.tensor([5, 6, 7, 8, 9])
+    ours = loaded.model.compute_logits(loaded.model(ids, FullCausalAttention(), AttentionMetadata.for_full_sequences([5])))
+    torch.testing.assert_close(ours, hf(ids[None]).logits[0].detach(), atol=1e-5, rtol=1e-4)
 
 
 def test_weights_corrupt_safetensors_says_how_to_fix(tmp_path, byte_tok):

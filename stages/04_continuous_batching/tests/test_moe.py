@@ -8,7 +8,7 @@ from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.model import CausalLM, init_random_weights
-from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model, transformers_greedy, transformers_twin
+from course.s01_decode_loop.testing import TINY_CONFIGS, greedy_reference, hf_twin, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 from course.s04_continuous_batching.moe.grouped import grouped_experts
 
@@ -54,7 +54,7 @@ def qwen2_moe_model():
                                                      (20, 7, "qwen2_moe")])  # chunked; whole; preempting
 def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget, name):
     model = tiny_model("mixtral_moe") if name == "mixtral" else qwen2_moe_model()
-    hf = transformers_twin(model)
+    hf = hf_twin(model)
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=pool_blocks, block_size=4,
                                                      max_num_batched_tokens=budget))
     params = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in OUTPUT_LENS]
@@ -62,7 +62,7 @@ def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget, na
     if pool_blocks == 20:
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
     for p, n, out in zip(prompts(1), OUTPUT_LENS, outs):
-        assert out.token_ids == transformers_greedy(hf, p, n)
+        assert out.token_ids == greedy_reference(hf, p, n)[0]
 
 
 def test_moe_bytes_per_step_grow_with_the_batch_to_the_dense_bytes(tmp_path):

@@ -225,7 +225,8 @@ void product_i8_f32(const float *x, const int8_t *q, const float *scale, float *
 
 /* One decoder layer (pre-norm attention and SwiGLU MLP, fused_model.FusedLayer's math) for m
  * rows. x is the layer's input delta; residual the stream so far, or NULL before layer 0.
- * The four weights (QKV, o, gate-up, down) are float32, or int8 where scales[i] is not NULL.
+ * The four weights (QKV, o, gate-up, down) are float32, or int8 where scales[i] is not NULL;
+ * q_norm and k_norm ([dim] each, Qwen3's per-head norms before RoPE) or NULL.
  * Writes the stream after the attention half to residual_out (may be residual itself) and
  * the MLP's output, the next layer's delta, to x_out (may be x itself). The rows' new K/V go
  * to their slots in the layer's pools, then every row attends (rows/seqs/lens as in
@@ -236,7 +237,7 @@ int64_t decoder_layer_f32(
     int64_t m, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
     const float *x, const float *residual, float *residual_out, float *x_out,
     const float *input_norm, const void *qkv_w, const void *o_w, const float *post_norm,
-    const void *gate_up_w, const void *down_w, const float *const scales[4], const float *cos, const float *sin,
+    const float *q_norm, const float *k_norm, const void *gate_up_w, const void *down_w, const float *const scales[4], const float *cos, const float *sin,
     float *k_pool, float *v_pool, int64_t num_blocks, int64_t block_size, const int64_t *slots,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n_rows,
     const int64_t *block_tables, int64_t table_width, float *scratch, int num_threads)
@@ -252,6 +253,10 @@ int64_t decoder_layer_f32(
         add_rms_norm_f32(x, NULL, NULL, h, input_norm, m, hidden, eps, num_threads);
     }
     product(h, qkv_w, scales[0], qkv, m, qkv_width, hidden, num_threads);
+    if (q_norm) {
+        head_rms_norm_f32(qkv, qkv_width, heads, q_norm, m, dim, eps, num_threads);
+        head_rms_norm_f32(qkv + heads * dim, qkv_width, kv_heads, k_norm, m, dim, eps, num_threads);
+    }
     rotary_f32(qkv, qkv_width, heads, qkv + heads * dim, qkv_width, kv_heads, cos, sin, m, dim / 2, num_threads);
 
     int64_t bad = 0;

@@ -51,7 +51,7 @@ def _library():
     lib.product_f32.restype = None
     lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.product_i8_f32.restype = None
-    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 13 + [ptr, ptr, i64, i64, ptr] + \
+    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 15 + [ptr, ptr, i64, i64, ptr] + \
         [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     lib.set_sgemm.argtypes = [ptr, i64]
@@ -184,7 +184,8 @@ class LayerCalls:
             self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
             x.data_ptr(), residual.data_ptr() if residual is not None else None, self.residual_out.data_ptr(),
             self.x_out.data_ptr(), layer.input_norm.data_ptr(), qkv.data_ptr(), o.data_ptr(),
-            layer.post_norm.data_ptr(), gate_up.data_ptr(), down.data_ptr(),
+            layer.post_norm.data_ptr(), _address(layer.q_norm), _address(layer.k_norm), gate_up.data_ptr(),
+            down.data_ptr(),
             ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
             self.k_base + pool_offset, self.v_base + pool_offset, self.num_blocks, self.block_size,
             self.slots.data_ptr(),
@@ -194,3 +195,7 @@ class LayerCalls:
             raise RuntimeError(f"{bad} rows had a slot or block table outside the pool (an engine bug; "
                                "nothing was written or read out of bounds)")
         return self.x_out, self.residual_out
+
+
+def _address(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None

@@ -35,6 +35,22 @@ void add_rms_norm_f32(const float *x, const float *residual, float *sum_out, flo
     }
 }
 
+/* Qwen3's q/k norm, in place: add_rms_norm_f32's math over each head's dim channels of
+ * x [tokens, heads, dim], tokens token_stride apart (q or k, a view into the QKV output). */
+void head_rms_norm_f32(float *x, int64_t token_stride, int64_t heads, const float *weight, int64_t tokens,
+                       int64_t dim, float eps, int num_threads)
+{
+    #pragma omp parallel for num_threads(num_threads) if (tokens >= PARALLEL_ROWS)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *row = x + t * token_stride + h * dim, squares = 0.f;
+            #pragma omp simd reduction(+:squares)
+            for (int64_t d = 0; d < dim; d++) squares += row[d] * row[d];
+            const float inv = 1.f / sqrtf(squares / dim + eps);
+            for (int64_t d = 0; d < dim; d++) row[d] = weight[d] * (row[d] * inv);
+        }
+}
+
 /* RoPE in place ("rotate half"): channel i pairs with i + half. x: [tokens, heads, 2 * half]
  * with a token stride (q and k are views into the QKV output); cos/sin: [tokens, half]. */
 static void rotate(float *x, int64_t token_stride, int64_t heads, const float *cos, const float *sin,

@@ -27,9 +27,10 @@ def random_prompts(lengths, seed=0):
 
 
 @pytest.fixture
-def pair(tmp_path, byte_tok):
+def pair(request, tmp_path, byte_tok):
     """A producer and a consumer engine on one model, each with its own pool, one shared folder."""
-    model = tiny_model("mqa_odd_heads")  # untied: varied outputs (a tied tiny model repeats one token)
+    # untied: varied outputs (a tied tiny model repeats one token)
+    model = tiny_model(getattr(request, "param", "mqa_odd_heads"))
     config = EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_num_batched_tokens=32)
     make = lambda: DisaggEngine(model, byte_tok, config, connector=SharedStorageConnector(tmp_path),  # noqa: E731
                                 disagg=DisaggConfig(lease_s=60))
@@ -94,6 +95,7 @@ def origin(decode, rid) -> dict:
     return {k: v for k, v in decode.kv_origin[rid].items() if k != "load_s"}
 
 
+@pytest.mark.parametrize("pair", ["mqa_odd_heads", "qwen3"], indirect=True)
 def test_handoff_greedy_equals_unified(pair, byte_tok):
     model, prefill, decode = pair
     prompts = random_prompts([3, 8, 1, 17, 40, 24, 9])  # shorter than a block, exactly one, odd sizes

@@ -147,7 +147,8 @@ def test_cli_needs_exactly_one_grammar(tiny_folder, capsys):
     assert e.value.code == 2 and "one of the arguments" in capsys.readouterr().err
 
 
-def test_the_logits_processor_equals_the_constrained_loop(byte_tok):
+@pytest.mark.parametrize("name", ["mha_untied", "qwen3"])
+def test_the_logits_processor_equals_the_constrained_loop(byte_tok, name):
     """The processor in stage 04's batched engine gives, request by request, the same tokens as
     ConstrainedGenerator, which runs it in stage 02's loop (greedy and seeded sampling); and
     attaching it by hand to stage 02's loop is the same as ConstrainedGenerator."""
@@ -155,7 +156,7 @@ def test_the_logits_processor_equals_the_constrained_loop(byte_tok):
     from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
     from course.s08_structured.generate import GrammarLogitsProcessor
 
-    model = tiny_model("mha_untied")
+    model = tiny_model(name)
     compiled = compile_grammar(grammar_from_regex(r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]"),
                                TokenizerInfo.from_huggingface(byte_tok, stop_ids=[byte_tok.eos_token_id]))
     prompts = [byte_tok(p).input_ids for p in ("list: ", "Another prompt, longer than the first one: ", "x")]

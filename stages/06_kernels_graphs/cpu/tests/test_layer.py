@@ -90,7 +90,7 @@ def _side(fused, one_call=True):
                                            max_blocks_per_seq=MAX_BLOCKS, dummy_block=BLOCKS)
 
 
-@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied"])
+@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "qwen3"])
 def test_int8_one_call_layers_equal_the_dequantized_float_model(name, spy):
     """With int8 weights the C layer computes what float32 weights equal to the dequantized
     int8 ones compute (activations float32 between the products; inside them, rounded to int16
@@ -155,7 +155,7 @@ BIG_STEPS = [(list(range(30, 43)), [(0, 12, [9, 10, 11]), (8, 1, [6, 7, 8])]),
 MAX_TOKENS, MAX_BLOCKS = BLOCKED_ROWS + 3, 17
 
 
-@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope"])
+@pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope", "qwen3"])
 def test_one_call_layers_equal_the_per_op_path(name, spy):
     one_call, per_op = _pair(name)
     assert cpu_layer._torch_sgemm() is not None  # torch's CPU build carries MKL's sgemm_
