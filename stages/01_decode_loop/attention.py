@@ -50,8 +50,7 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
 
-    # How the model's Mixture-of-Experts layers compute their experts beside this backend
-    # (moe/experts.py's signature): the naive loop, unless a batching backend offers better.
+    # MoE layers' experts beside this backend (moe/experts.py): the loop, unless a backend offers better
     experts_kernel = staticmethod(naive_experts)
 
     @abstractmethod

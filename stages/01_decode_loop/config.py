@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .moe.config import moe_fields, moe_hf_fields
+from .moe.config import MoeFields, moe_fields, moe_hf_fields
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
@@ -20,7 +20,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,14 +41,6 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = "llama"
-    # Mixture-of-Experts (moe/): 0 experts = every layer a dense MLP
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0   # each expert's SwiGLU width
-    norm_topk_prob: bool = True      # renormalise the chosen experts' weights to sum to 1
-    decoder_sparse_step: int = 1     # every step-th layer is MoE ...
-    mlp_only_layers: list[int] = field(default_factory=list)  # ... except these, dense
-    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one more expert every token goes through
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -59,10 +51,6 @@ class ModelConfig:
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
-
-    def is_moe_layer(self, layer_idx: int) -> bool:
-        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
-                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -1,7 +1,24 @@
 """The Mixture-of-Experts fields of a Hugging Face config, read and written (config.py's)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(kw_only=True)
+class MoeFields:
+    """ModelConfig's Mixture-of-Experts fields: 0 experts = every layer a dense MLP."""
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0   # each expert's SwiGLU width
+    norm_topk_prob: bool = True      # renormalise the chosen experts' weights to sum to 1
+    decoder_sparse_step: int = 1     # every step-th layer is MoE ...
+    mlp_only_layers: list[int] = field(default_factory=list)  # ... except these, dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: one more expert every token goes through
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return (self.num_experts > 0 and layer_idx not in self.mlp_only_layers
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 def moe_fields(d: dict[str, Any]) -> dict[str, Any]:
     """ModelConfig's MoE fields from a HF config dict (none for a dense model). Mixtral's
