@@ -10,6 +10,7 @@ from course.s01_decode_loop.moe.checkpoint import stack_experts
 from course.s01_decode_loop.moe.experts import SparseMoeBlock
 from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import greedy_reference
 from course.s01_decode_loop.weights import build_model, load_model
 
 
@@ -127,3 +128,47 @@ def test_moe_qwen2_moe_shared_expert_greedy_equals_transformers(tmp_path, byte_t
     ref = hf.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
                       pad_token_id=0)[0, len(ids):].tolist()
     assert ours.token_ids == ref
+
+
+def hf_qwen3_moe(seed=0, **overrides):
+    """A tiny random transformers Qwen3-MoE: q/k norm, 6 experts top-2 renormalised, layer 0 dense."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3MoeConfig(**{**dict(vocab_size=258, hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6,
+                                      num_experts_per_tok=2, moe_intermediate_size=24, norm_topk_prob=True,
+                                      mlp_only_layers=[0], bos_token_id=256, eos_token_id=257,
+                                      max_position_embeddings=256), **overrides})
+    hf = Qwen3MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "experts" in name or "mlp.gate" in name or "norm" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    return hf
+
+
+def test_moe_qwen3_moe_folder_greedy_equals_transformers(tmp_path, byte_tok):
+    hf = hf_qwen3_moe()
+    hf.save_pretrained(tmp_path)  # per-expert tensors: mlp.experts.N.gate_proj
+    byte_tok.save_pretrained(tmp_path)
+    loaded = load_model(tmp_path)
+    c = loaded.config
+    assert (c.architecture, c.qk_norm, c.num_experts, c.norm_topk_prob) == ("Qwen3MoeForCausalLM", True, 6, True)
+    assert [c.is_moe_layer(i) for i in range(3)] == [False, True, True]
+    for prompt in ["Hello", "The quick brown fox jumps over"]:
+        ids = byte_tok(prompt).input_ids
+        ours = generate_naive(loaded.model, byte_tok, ids, SamplingParams(max_new_tokens=24, temperature=0,
+                                                                          ignore_eos=True))
+        assert ours.token_ids == greedy_reference(hf, ids, 24)[0]
+
+
+def test_moe_router_without_renormalisation_equals_qwen3_moe():
+    hf = hf_qwen3_moe(norm_topk_prob=False)
+    router = hf.model.layers[1].mlp.gate
+    x = torch.randn(7, 48)
+    with torch.no_grad():
+        _, hf_weights, hf_ids = router(x)
+        ours_w, ours_ids = route(x @ router.weight.T, 2, renormalize=False)
+    assert ours_ids.tolist() == hf_ids.tolist() and ours_w.sum(-1).max() < 1
+    torch.testing.assert_close(ours_w, hf_weights)

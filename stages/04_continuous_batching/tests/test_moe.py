@@ -6,9 +6,8 @@ import torch
 from course.s01_decode_loop.moe.experts import Experts, naive_experts
 from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.config import ModelConfig
-from course.s01_decode_loop.model import CausalLM, init_random_weights
-from course.s01_decode_loop.testing import TINY_CONFIGS, greedy_reference, hf_twin, tiny_model
+from course.s01_decode_loop.moe.testing import tiny_moe_model
+from course.s01_decode_loop.testing import greedy_reference, hf_twin
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 from course.s04_continuous_batching.moe.grouped import grouped_experts
 
@@ -42,18 +41,11 @@ def prompts(seed=0):
     return [torch.randint(0, 256, (n,), generator=g).tolist() for n in PROMPT_LENS]
 
 
-def qwen2_moe_model():
-    """Qwen2-MoE: a shared expert beside the routed ones, a dense layer, no renormalisation."""
-    config = ModelConfig(**{**TINY_CONFIGS["mixtral_moe"].to_dict(), "model_type": "qwen2_moe", "qkv_bias": True,
-                            "num_hidden_layers": 3, "mlp_only_layers": [1], "norm_topk_prob": False,
-                            "shared_expert_intermediate_size": 24})
-    return init_random_weights(CausalLM(config), seed=0).eval()
-
-
 @pytest.mark.parametrize("pool_blocks,budget,name", [(64, 5, "mixtral"), (64, 64, "mixtral"), (20, 32, "mixtral"),
-                                                     (20, 7, "qwen2_moe")])  # chunked; whole; preempting
+                                                     (20, 7, "qwen2_moe"), (20, 9, "qwen3_moe")])
 def test_moe_engine_greedy_equals_transformers(byte_tok, pool_blocks, budget, name):
-    model = tiny_model("mixtral_moe") if name == "mixtral" else qwen2_moe_model()
+    """Chunked prefill (budget 5), whole prompts (64), preemption (a 20-block pool)."""
+    model = tiny_moe_model(name)
     hf = hf_twin(model)
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=pool_blocks, block_size=4,
                                                      max_num_batched_tokens=budget))
