@@ -3,9 +3,10 @@ equal transformers' under lookup speculation and preemption, grammar-constrained
 validate, and `--model` serves a Mixtral folder written by transformers' save_pretrained."""
 import json
 
+import httpx
 import jsonschema
 import openai
-import torch
+import pytest
 
 from course.final.async_engine import AsyncEngine
 from course.final.engine import Engine, SpeculativeConfig
@@ -14,7 +15,7 @@ from course.final.testing import CHAT_TEMPLATE, live_server
 from course.final.testing import start_cli_server as start
 from course.final.testing import stop_cli_server as stop
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.testing import TINY_EOS, greedy_reference, hf_twin, tiny_model
+from course.s01_decode_loop.testing import TINY_EOS, greedy_reference, hf_twin, save_transformers_model, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 PROMPTS = [b"You are a helpful assistant. abcabcabc", b"a", b"the cat sat on the mat, the cat", b"0123456789" * 2]
@@ -47,23 +48,33 @@ def test_moe_server_answers_follow_a_grammar(byte_tok):
         jsonschema.validate(json.loads(choice.message.content), SCHEMA)
 
 
-def test_moe_cli_serves_a_mixtral_folder_saved_by_transformers(tmp_path, byte_tok):
-    from transformers import MixtralConfig, MixtralForCausalLM
+def transformers_config(family):
+    from transformers import MixtralConfig, Qwen3MoeConfig
 
-    torch.manual_seed(0)
-    hf = MixtralForCausalLM(MixtralConfig(vocab_size=258, hidden_size=64, intermediate_size=48, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                                          num_local_experts=4, num_experts_per_tok=2, bos_token_id=256,
-                                          eos_token_id=257, max_position_embeddings=256))
-    hf.save_pretrained(tmp_path)  # one tensor per expert, as published checkpoints are
+    shared = dict(vocab_size=258, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, num_experts_per_tok=2, bos_token_id=256, eos_token_id=257, max_position_embeddings=256)
+    if family == "mixtral":
+        return MixtralConfig(intermediate_size=48, num_local_experts=4, **shared)
+    return Qwen3MoeConfig(intermediate_size=48, moe_intermediate_size=24, num_experts=4, norm_topk_prob=True, **shared)
+
+
+@pytest.mark.parametrize("family,architecture", [("mixtral", "MixtralForCausalLM"),
+                                                 ("qwen3_moe", "Qwen3MoeForCausalLM")])
+def test_moe_cli_serves_a_folder_saved_by_transformers(tmp_path, byte_tok, family, architecture):
     byte_tok.chat_template = CHAT_TEMPLATE
-    byte_tok.save_pretrained(tmp_path)
-    proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--served-model-name", "tiny-mixtral")
+    hf = save_transformers_model(transformers_config(family), byte_tok, tmp_path)  # one tensor per expert
+    proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--served-model-name", "tiny-moe")
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
-        out = client.chat.completions.create(model="tiny-mixtral", messages=[{"role": "user", "content": "hi"}],
-                                             max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 5
-        assert [m.id for m in client.models.list()] == ["tiny-mixtral"]
+        out = client.completions.create(model="tiny-moe", prompt="hello", max_tokens=6, temperature=0,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 6
+        want = byte_tok.decode(greedy_reference(hf, byte_tok("hello").input_ids, 6)[0])
+        assert out.choices[0].text == want  # transformers' greedy continuation, as text
+        chat = client.chat.completions.create(model="tiny-moe", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+        assert chat.usage.completion_tokens == 5
+        (card,) = httpx.get(url + "/v1/models").json()["data"]
+        assert (card["id"], card["architecture"]) == ("tiny-moe", architecture)
     finally:
         assert stop(proc) == 0
