@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .moe.experts import naive_experts
+
 
 @dataclass
 class AttentionMetadata:
@@ -47,6 +49,9 @@ class AttentionMetadata:
 
 class AttentionBackend(ABC):
     """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
+
+    # MoE layers' experts beside this backend (moe/experts.py): the loop, unless a backend offers better
+    experts_kernel = staticmethod(naive_experts)
 
     @abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

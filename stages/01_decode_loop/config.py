@@ -10,14 +10,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3")
+from .moe.config import MoeFields, moe_fields, moe_hf_fields
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM"}  # model_type -> the class name config.json carries
+                 "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
+                 "qwen3_moe": "Qwen3MoeForCausalLM"}  # model_type -> the class name config.json carries
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -89,13 +92,14 @@ class ModelConfig:
             rope_scaling=None if rope["rope_type"] == "default" else rope,
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2",
+            qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", False)),
             o_bias=attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             model_type=model_type,
+            **moe_fields(d),
         )
 
     @classmethod
@@ -126,7 +130,8 @@ class ModelConfig:
         }
         if self.model_type != "qwen2":
             d["attention_bias"] = self.o_bias
-        return d
+        return {**d, **moe_hf_fields(self)}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+

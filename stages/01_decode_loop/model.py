@@ -1,4 +1,5 @@
-"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA, Qwen3's q/k norm).
+"""A Llama-family transformer from scratch (Llama, SmolLM2, Qwen2-style GQA, Qwen3's q/k norm,
+Mixture-of-Experts layers: Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 Module and parameter names mirror Hugging Face's LlamaForCausalLM, so its checkpoints load
 with a plain `load_state_dict`. The model works on a *flat* batch: input_ids is [T], the
@@ -14,6 +15,7 @@ from torch import nn
 
 from .attention import AttentionBackend, AttentionMetadata
 from .config import ModelConfig
+from .moe.experts import SparseMoeBlock
 from .rope import RotaryEmbedding, apply_rope
 
 
@@ -69,7 +71,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
 
-    def forward(self, x):
+    def forward(self, x, attn=None):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -81,11 +83,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        # a Mixture-of-Experts layer (moe/) where the config says so: same input, same output shape
+        self.mlp = SparseMoeBlock(config) if config.is_moe_layer(layer_idx) else MLP(config)
 
     def forward(self, x, cos, sin, attn, meta):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), attn)  # an MoE layer asks attn for its kernel
 
 
 class Decoder(nn.Module):

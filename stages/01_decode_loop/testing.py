@@ -2,7 +2,8 @@
 
 Each config exercises something the real model would not: grouped-query and multi-query
 attention, odd head counts, untied lm_head, Qwen2-style q/k/v biases, Llama-3 RoPE scaling,
-a head_dim that is not hidden/heads, Qwen3's per-head q/k norm. Weights are seeded, so every run sees the same model.
+a head_dim that is not hidden/heads, Qwen3's per-head q/k norm, Mixture-of-Experts layers (4
+experts, top-2). Weights are seeded, so every run sees the same model.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ TINY_CONFIGS: dict[str, ModelConfig] = {
                                                    "original_max_position_embeddings": 64}}),
     "qwen3": ModelConfig(**{**_BASE, "hidden_size": 48, "head_dim": 32, "qk_norm": True,
                             "model_type": "qwen3", "rope_theta": 1_000_000.0}),  # heads x head_dim = 128 > 48
+    "mixtral_moe": ModelConfig(**{**_BASE, "model_type": "mixtral", "num_experts": 4, "num_experts_per_tok": 2,
+                                  "moe_intermediate_size": 32}),
 }
 
 

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from .config import ModelConfig
 from .model import CausalLM
+from .moe.checkpoint import stack_experts
 
 
 class ModelLoadError(RuntimeError):
@@ -62,6 +63,7 @@ def build_model(config: ModelConfig, state: dict[str, torch.Tensor],
         model = CausalLM(config)
     if config.tie_word_embeddings:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
+    state = stack_experts(state)  # MoE: per-expert tensors -> the stacked layout the model holds
     result = model.load_state_dict(state, strict=False, assign=True)
     unexpected = [k for k in result.unexpected_keys if not k.endswith("rotary_emb.inv_freq")]
     if unexpected:

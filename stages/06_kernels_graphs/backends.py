@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.attention import AttentionBackend
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from course.s04_continuous_batching.moe.grouped import grouped_experts
 
 
 @dataclass
@@ -66,6 +67,7 @@ class LayerKernels(ABC):
 
 class KernelBackend(AttentionBackend):
     name = "?"
+    step_graphed = False  # the step being built is captured (build_metadata's `graphed`)
     fused_ops = "torch"  # who does the fused model's small ops beside this backend (fused_model.OPS)
     rotary_in_kv_write = False  # True: `rotary_forward` rotates q and k in the KV write's launch
 
@@ -78,9 +80,18 @@ class KernelBackend(AttentionBackend):
         facts of the step (never read back from the device; for a graphed step, bounds fixed by
         its bucket). `host_lens`: (query lengths, sequence lengths) as host lists, for a
         backend that plans an eager step from them."""
+        self.step_graphed = graphed
         return KernelMetadata(positions=positions, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
                               slot_mapping=slot_mapping, block_tables=block_tables,
                               max_query_len=max_query_len, is_decode=max_query_len == 1, graphed=graphed)
+
+    def experts_kernel(self, experts, x, weights, ids):
+        """MoE layers' experts (stage 01's signature): an eager step's rows grouped by expert,
+        one product per expert (stage 04's moe/); a captured step's, whose shapes must not
+        depend on the routing, in padded blocks per expert (gpu/fused_moe.py's layout, one bmm)."""
+        from .gpu.fused_moe import blocked_experts
+
+        return (blocked_experts if self.step_graphed else grouped_experts)(experts, x, weights, ids)
 
     def layer_kernels(self, model) -> LayerKernels | None:
         """Kernels that run each whole decoder layer of `model` in one call, or None (the
@@ -258,6 +269,12 @@ class TritonPagedBackend(KernelBackend):
         choose = choose_max_splits if self.kernels == "gpu" else choose_num_splits
         meta.num_splits = self.num_splits or choose(meta.num_seqs, self.cache.k.shape[3], max_blocks, self.num_sms)
         return meta
+
+    def experts_kernel(self, experts, x, weights, ids):
+        """MoE layers: the fused MoE kernel, two grouped launches for every expert (gpu/fused_moe.py)."""
+        from .gpu.fused_moe import fused_moe
+
+        return fused_moe(experts, x, weights, ids)
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
         from .kv_write import write_kv

@@ -98,8 +98,10 @@ class FusedLayer(nn.Module):
         self.layer_idx, self.n_heads, self.n_kv, self.d = a.layer_idx, a.n_heads, a.n_kv_heads, a.head_dim
         self.qkv = merged_linear(a.q_proj, a.k_proj, a.v_proj)
         self.o_proj = a.o_proj
-        self.gate_up = merged_linear(layer.mlp.gate_proj, layer.mlp.up_proj)
-        self.down_proj = layer.mlp.down_proj
+        # an MoE layer keeps stage 01's block: its router, and its experts through the backend's kernel
+        self.moe = layer.mlp if config.is_moe_layer(self.layer_idx) else None
+        self.gate_up = None if self.moe else merged_linear(layer.mlp.gate_proj, layer.mlp.up_proj)
+        self.down_proj = None if self.moe else layer.mlp.down_proj
         self.input_norm = layer.input_layernorm.weight
         self.post_norm = layer.post_attention_layernorm.weight
         self.q_norm = a.q_norm.weight if a.q_norm is not None else None  # Qwen3's, per head
@@ -128,6 +130,8 @@ class FusedLayer(nn.Module):
             out = attn.forward(self.layer_idx, q, k, v, meta)
         x = self.o_proj(out.reshape(t, -1))
         h, residual = ops.add_rms_norm(x, residual, self.post_norm, self.eps)
+        if self.moe is not None:
+            return self.moe(h, attn), residual
         return self.down_proj(ops.silu_mul(self.gate_up(h))), residual
 
 

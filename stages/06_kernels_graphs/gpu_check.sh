@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Stage 06 on a CUDA GPU, in one go: every GPU goal of the stage measured, the ceilings each is
 # judged against measured in the same call, the lesson's kernels and the gpu/ room's side by
-# side, and the goals table printed last. The parts' limits add up to 540 s, inside the 10
+# side, and the goals table printed last. The parts' limits add up to 570 s, inside the 10
 # minutes a lent machine gives one command.
 #
-#     bash stages/06_kernels_graphs/gpu_check.sh OUTDIR [PART ...]     (default: tests ceilings attention steps summary)
+#     bash stages/06_kernels_graphs/gpu_check.sh OUTDIR [PART ...]     (default: tests ceilings attention steps moe summary)
 #     bash stages/06_kernels_graphs/gpu_check.sh --dry-run OUTDIR      (or DRY_RUN=1: the CPU, tiny shapes, 1-2 minutes)
 #
 # Each part runs under its own time limit, so one that hangs leaves the others' results. What
@@ -17,9 +17,11 @@
 #   attention  90+90  CARD_decode.json       paged decode, lesson vs room (bench/bench_attention.py --parts decode)
 #                     CARD_prefill.json      varlen prefill, lesson vs room vs SDPA (... --parts prefill)
 #   steps      150 s  CARD_mixed_step.json   mixed and verification steps vs a decode step, 1B shape (bench/mixed_step.py)
+#   moe        30 s   CARD_moe.json          a Qwen3-30B-A3B MoE layer at batch 1-16: fused kernel vs the per-expert
+#                                            loop vs its chosen experts' bytes at read bandwidth (bench/bench_moe.py)
 #   summary    30 s   CARD_summary.json      the goals table from the files above (bench/gpu_summary.py)
 #
-# and CARD_log.txt, everything printed: seven files (the lent machine returns at most eight). The
+# and CARD_log.txt, everything printed: eight files (the lent machine returns at most eight). The
 # lesson's own sweeps run only when named: tune (150 s), kernels (100 s), step (300 s, two files).
 # The README quotes these files from results/gpu/, where they are copied as written.
 #
@@ -70,7 +72,7 @@ part() {
 }
 
 PARTS=${*:2}
-PARTS=${PARTS:-tests ceilings attention steps summary}
+PARTS=${PARTS:-tests ceilings attention steps moe summary}
 START=$SECONDS
 for name in $PARTS; do
     echo "== $name ($((SECONDS - START)) s in)" | tee -a "$LOG"
@@ -96,6 +98,8 @@ for name in $PARTS; do
         done ;;
     steps)
         part 150 $PY -m course.s06_kernels_graphs.bench.mixed_step $FLAG --json "$OUT/${CARD}_mixed_step.json" ;;
+    moe)
+        part 30 $PY -m course.s06_kernels_graphs.bench.bench_moe $FLAG --json "$OUT/${CARD}_moe.json" ;;
     summary) ;;  # always last, below
     tune)
         part 150 $PY -m course.s06_kernels_graphs.bench.tune_decode --json "$OUT/${CARD}_tune_decode.json" ;;

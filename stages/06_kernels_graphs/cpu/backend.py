@@ -52,6 +52,17 @@ class CpuPagedBackend(TorchPagedBackend):
 
         return CpuLayers.of(model, self) if self.settings.one_call_layers else None
 
+    def experts_kernel(self, experts, x, weights, ids):
+        """MoE layers of an eager float32 step: stage 04's grouped experts, each expert's rows
+        through layer.c's products (the dense layers' own: blocked up to 64 rows, MKL past)."""
+        from course.s04_continuous_batching.moe.grouped import grouped_experts
+
+        from .layer import layer_kernel_unavailable, product
+
+        if self.step_graphed or x.dtype != torch.float32 or layer_kernel_unavailable() is not None:
+            return super().experts_kernel(experts, x, weights, ids)
+        return grouped_experts(experts, x, weights, ids, linear=product)
+
     def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> NativeRows:
         seqs, row_lens = [], []
         for b, (n, total) in enumerate(zip(query_lens, lens)):

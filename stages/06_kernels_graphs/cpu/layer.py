@@ -112,6 +112,8 @@ class LayerWeights:
 
     @classmethod
     def of(cls, layer) -> "LayerWeights | None":
+        if layer.moe is not None:  # the C layer has no experts: an MoE layer runs op by op
+            return None
         weights = [layer_weight(linear) for linear in (layer.qkv, layer.o_proj, layer.gate_up, layer.down_proj)]
         return cls(weights) if all(w is not None for w in weights) else None
 

@@ -72,7 +72,7 @@ from course.s01_decode_loop.measure import bench_cli
 
 MODULE = "course.s06_kernels_graphs.gpu.compile_report"
 ROOM_MODULES = ("course.s06_kernels_graphs.gpu.decode_attention",
-                "course.s06_kernels_graphs.gpu.prefill_attention")
+                "course.s06_kernels_graphs.gpu.prefill_attention", "course.s06_kernels_graphs.gpu.fused_moe")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from course.s06_kernels_graphs.bench import bench_attention, ceilings, gpu_summary, mixed_step
+from course.s06_kernels_graphs.bench import bench_attention, bench_moe, ceilings, gpu_summary, mixed_step
 
 SCRIPT = Path(__file__).resolve().parents[1] / "gpu_check.sh"
 
@@ -28,6 +28,7 @@ def dry_run(tmp_path_factory):
         bench_attention.main(["--dry-run", "--parts", kind, "--ceilings", str(out / "dry_ceilings.json"),
                               "--json", str(out / f"dry_{kind}.json")])
     mixed_step.main(["--dry-run", "--json", str(out / "dry_mixed_step.json")])
+    bench_moe.main(["--dry-run", "--batches", "1", "3", "--json", str(out / "dry_moe.json")])
     (out / "dry_tests.json").write_text(json.dumps({"dry_run": True, "gpu_tests_rc": 0, "compile_report_rc": 0}))
     return out
 
@@ -59,6 +60,14 @@ def test_the_steps_are_run_and_their_graphs_recorded(dry_run):
     assert steps["decode"]["graphed"]  # decode buckets: always
     assert set(result["graphed"]) == {"decode", "mixed", "verify"}
     assert steps["mixed"]["tokens"] == 2 * 4 + 2 and steps["verify"]["tokens"] == 4 * 4
+
+
+def test_the_moe_layer_is_timed_against_its_experts_bytes(dry_run):
+    result = json.loads((dry_run / "dry_moe.json").read_text())
+    assert [r["batch"] for r in result["rows"]] == [1, 3]
+    assert all(r["rel_err"] < 1e-4 and r["fused_us"] > 0 and r["loop_us"] > 0 and r["of_ceiling"] > 0
+               for r in result["rows"])
+    assert result["rows"][0]["distinct_experts"] == 2  # one token, top-2: two experts' bytes
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
