@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
+from course.s02_kv_cache.kv_size import human
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 
@@ -15,6 +16,7 @@ from .async_engine import AsyncEngine
 from .launch.kernel_defaults import describe as describe_kernels
 from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
+from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
 from .security.options import add_door_args, door_from_args, uvicorn_options
@@ -32,6 +34,10 @@ def build_server(args: argparse.Namespace, memory_info=None):
     dtype = pick_dtype(args.dtype, device)
     # typos fail before the model loads
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
+    kv_source = "--kv-memory" if kv_memory is not None else "--kv-blocks"
+    if not device.startswith("cuda") and kv_memory is None and args.kv_blocks is None:
+        kv_memory, kv_source = cpu_kv_bytes()  # the pool sized from this machine's memory (cpu_sizing.py)
+    sizes = step_sizes(args, device)
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {args.gpu_memory_utilization}")
@@ -47,8 +53,8 @@ def build_server(args: argparse.Namespace, memory_info=None):
         loaded.tokenizer.chat_template = getattr(args, "chat_template", None) or loaded.tokenizer.chat_template
         blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info,
                                LLMEngine.reserved_blocks)
-        print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens)",
-              file=sys.stderr)
+        print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens"
+              + (f"; {human(kv_memory)}: {kv_source}" if kv_memory is not None else "") + f"); {sizes}", file=sys.stderr)
         config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                     record_steps=False, **graph_options(args, blocks), **options)
@@ -72,12 +78,15 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     s.add_argument("--served-model-name")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-num-seqs", type=int, default=32)
-    s.add_argument("--max-num-batched-tokens", type=int, default=256)
+    s.add_argument("--max-num-seqs", type=int,
+                   help="requests in a batch (default: 128 on the CPU, 32 on CUDA; launch/sizing.py)")
+    s.add_argument("--max-num-batched-tokens", type=int,
+                   help="tokens in a step (default: 256; launch/sizing.py)")
     s.add_argument("--max-waiting", type=int, default=256, help="queue bound; beyond it requests get 429")
     kv = s.add_mutually_exclusive_group()
     kv.add_argument("--kv-blocks", type=int,
-                    help="KV cache size in blocks (default: on CUDA what --gpu-memory-utilization leaves, else 512)")
+                    help="KV cache size in blocks (default: on CUDA what --gpu-memory-utilization leaves; on the CPU "
+                         "$VLLM_CPU_KVCACHE_SPACE GiB, else 10%% of the memory available, at most 4 GiB)")
     kv.add_argument("--kv-memory", help="KV cache size in bytes instead, e.g. 512MiB")
     s.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="on CUDA, the share of the card the server may fill: weights, a step's activations, "

@@ -1,13 +1,15 @@
 """Where a step's time goes: a wall-clock breakdown of `Engine.step()` per phase.
 
-    python -m course.final.bench.profile                       # both workloads, the server's defaults
+    python -m course.final.bench.profile                       # all three workloads, the server's defaults
     python -m course.final.bench.profile --workload single --torch-profiler   # + torch's top ops
     python -m course.final.bench.profile --attention-backend torch --json out.json   # one option changed
     python -m course.final.bench.profile --results     # writes final/results/profile.json
 
 Workloads (the default model, greedy, EOS ignored, as bench/peers.py measures them):
   single     one chat request, 128 new tokens: the single-stream decode step
-  saturated  40 ShareGPT requests at once (answers capped at 128 tokens): the serving step
+  saturated  40 ShareGPT requests at once (answers capped at 128 tokens): the light serving load
+  standard   vLLM's ShareGPT benchmark (standard_load.py): 40 raw prompts of ~236 tokens at once,
+             128 tokens each: the prefill-heavy serving load
 
 Each workload runs twice, on fresh engines: bare, for the step time quoted, then with the
 phases timed by wrapping the functions that do them (on the CPU every op is synchronous, so a
@@ -51,7 +53,9 @@ from course.s06_kernels_graphs.cpu.layer import LayerCalls, layer_weight
 from course.s06_kernels_graphs.cpu.split_linear import SplitLinear
 
 from ..engine import Engine
+from .standard_load import standard_requests
 from ..launch.kernel_defaults import kernel_defaults
+from ..launch.sizing import BUDGET, SEQS
 
 PHASES = ("schedule", "prepare", "linear", "attention", "layer calls", "other fwd", "lm_head", "sample", "postprocess")
 SINGLE_PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
@@ -161,6 +165,9 @@ def workload(loaded, name: str) -> list[tuple[list[int], SamplingParams]]:
     if name == "single":
         return [(encode_prompt(tok, SINGLE_PROMPT, chat=True),
                  SamplingParams(max_new_tokens=128, temperature=0, ignore_eos=True))]
+    if name == "standard":  # raw completion prompts, as vLLM's benchmark client sends them
+        return [(tok.encode(prompt, add_special_tokens=False),
+                 SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)) for prompt, n in standard_requests(tok)]
     reqs = sample_requests(tok, 40, seed=0, max_prompt_tokens=512, max_output_tokens=128)
     return [(encode_prompt(tok, r.prompt, chat=True), SamplingParams(max_new_tokens=r.output_len, temperature=0,
                                                                      ignore_eos=True)) for r in reqs]
@@ -234,7 +241,7 @@ def print_result(r: dict) -> None:
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=["single", "saturated", "both"], default="both")
+    p.add_argument("--workload", choices=["single", "saturated", "standard", "all"], default="all")
     p.add_argument("--attention-backend", choices=["torch", "cpu"], help="default: the server's (cpu where it compiles)")
     p.add_argument("--fused", action=argparse.BooleanOptionalAction, help="stage 06's merged projections and fused ops")
     p.add_argument("--linear-splits", type=int, help="stage 06's split linears (default: the thread count)")
@@ -242,9 +249,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--one-call-layers", action=argparse.BooleanOptionalAction, default=True,
                    help="stage 06's one C call per layer")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--max-num-seqs", type=int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=int, default=256)
-    p.add_argument("--kv-blocks", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=SEQS, help="default: the CPU server's (launch/sizing.py)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=BUDGET)
+    p.add_argument("--kv-blocks", type=int, default=2048, help="default: every request of a workload at once")
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--torch-profiler", action="store_true", help="also print torch.profiler's top ops")
     p.add_argument("--top", type=int, default=15)
@@ -254,7 +261,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(dtype=getattr(torch, args.dtype))
-    names = ["single", "saturated"] if args.workload == "both" else [args.workload]
+    names = ["single", "saturated", "standard"] if args.workload == "all" else [args.workload]
     results = []
     for name in names:
         results.append(profile(loaded, args, name))

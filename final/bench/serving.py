@@ -47,8 +47,8 @@ class RequestResult:
         return (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
 
 
-def request_body(endpoint: str, prompt: str, output_len: int, model: str | None) -> dict:
-    body = {"max_tokens": output_len, "stream": True, "temperature": 0, "ignore_eos": True,
+def request_body(endpoint: str, prompt: str, output_len: int, model: str | None, extra: dict | None = None) -> dict:
+    body = (extra or {}) | {"max_tokens": output_len, "stream": True, "temperature": 0, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
     if model:
         body["model"] = model
@@ -58,12 +58,12 @@ def request_body(endpoint: str, prompt: str, output_len: int, model: str | None)
 
 
 async def send(http: httpx.AsyncClient, endpoint: str, prompt: str, output_len: int,
-               model: str | None) -> RequestResult:
+               model: str | None, extra: dict | None = None) -> RequestResult:
     result = RequestResult(len(prompt), output_len)
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
     start = last = time.perf_counter()
     try:
-        async with http.stream("POST", path, json=request_body(endpoint, prompt, output_len, model)) as r:
+        async with http.stream("POST", path, json=request_body(endpoint, prompt, output_len, model, extra)) as r:
             if r.status_code != 200:
                 result.error = f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}"
                 return result
@@ -92,8 +92,10 @@ async def send(http: httpx.AsyncClient, endpoint: str, prompt: str, output_len: 
 
 
 async def run(base_url: str, requests: list[tuple[str, int]], rate: float, endpoint: str = "chat",
-              model: str | None = None, max_concurrency: int | None = None, seed: int = 0) -> dict:
-    """Send (prompt, output_len) pairs at Poisson times; return the summary and every result."""
+              model: str | None = None, max_concurrency: int | None = None, seed: int = 0,
+              extra_body: dict | None = None) -> dict:
+    """Send (prompt, output_len) pairs at Poisson times; return the summary and every result.
+    `extra_body`: more request fields for a server that needs them (llama.cpp's logit_bias)."""
     arrivals = arrival_times(len(requests), rate, seed)
     gate = asyncio.Semaphore(max_concurrency or len(requests) or 1)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -103,7 +105,7 @@ async def run(base_url: str, requests: list[tuple[str, int]], rate: float, endpo
         async def one(at: float, prompt: str, output_len: int) -> RequestResult:
             await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
             async with gate:
-                return await send(http, endpoint, prompt, output_len, model)
+                return await send(http, endpoint, prompt, output_len, model, extra_body)
         results = await asyncio.gather(*(one(at, p, n) for at, (p, n) in zip(arrivals, requests)))
         duration = time.perf_counter() - start
     return {"summary": summarize(results, duration) | {"request_rate": rate, "endpoint": endpoint},

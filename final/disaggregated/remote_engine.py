@@ -275,7 +275,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
                                         and tokenizer.eos_token_id not in config.eos_token_ids else [])
     replicas = args.replicas or 0
     worker_args = ["--kv-blocks", str(blocks), "--block-size", str(args.block_size),
-                   "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+                   "--max-num-batched-tokens", str(args.max_num_batched_tokens or 256)]
     # Until uvicorn takes over the signals, a SIGTERM unwinds like Ctrl-C, so the workers stop too.
     def interrupt(*_):
         raise KeyboardInterrupt

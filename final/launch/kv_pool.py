@@ -1,4 +1,5 @@
-"""How many KV blocks the server allocates: the flags' figure, or, on CUDA, what the card has left.
+"""How many KV blocks the server allocates: the flags' figure, or, on CUDA, what the card has left
+(the CPU's figure comes from its memory: sizing.py).
 
     budget = utilization x total memory - memory in use (weights, other processes) - reserve
     blocks = budget // bytes per block - the engine's reserved blocks (the graphs' dummy block)
@@ -15,7 +16,10 @@ import torch
 
 from course.s02_kv_cache.kv_size import human, kv_bytes_per_token
 
-DEFAULT_BLOCKS = 512   # the CPU's pool (8,192 tokens at 16 per block), and any device's without a memory query
+from .sizing import GPU_BUDGET, GPU_SEQS
+
+DEFAULT_BLOCKS = 512   # 8,192 tokens at 16 a block: where nothing sizes the pool (the CPU server sizes
+                       # it from memory, sizing.py, before it gets here)
 GRAPH_RESERVE = 512 * 2**20  # captured graphs' pool and the allocator's slack
 
 
@@ -75,6 +79,6 @@ def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype,
         return args.kv_blocks
     if not device.startswith("cuda"):
         return DEFAULT_BLOCKS
-    tokens = max(args.max_num_batched_tokens, args.max_num_seqs)
+    tokens = max(args.max_num_batched_tokens or GPU_BUDGET, args.max_num_seqs or GPU_SEQS)
     reserve = step_reserve(model_config, tokens, dtype)
     return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, reserved_blocks, memory_info)

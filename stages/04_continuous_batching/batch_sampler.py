@@ -10,18 +10,20 @@ that samples 64 requests pays that 64 times. `sample_batch` takes the step's log
   batched    greedy rows: one argmax. Sampled rows, as one sub-batch: temperature, top-k,
              top-p, min-p with one parameter per row, each applied to the rows that enable it
              (a disabled filter is never applied, exactly as in stage 01's `process_logits`),
-             then one argmax over their exponential race;
+             then one draw per row (the exponential race, or one uniform: below);
   once       ONE `.tolist()` for the tokens (and logprobs): the step's only host sync.
 
-The race's noise: a seeded row draws from its own request's generator (one `exponential_` per
-row), so a seeded request gets the tokens it gets alone, in any crowd. Given a `shared`
-generator (the engine's), every unseeded row draws from it, all in ONE call per step: no seed
-was asked for, so no request needs its own stream, and 64 unseeded rows cost one launch, not 64.
+The draws: a seeded row runs stage 01's exponential race on its own request's generator (one
+`exponential_` per row), so a seeded request gets the tokens it gets alone, in any crowd. Given
+a `shared` generator (the engine's), the unseeded rows need no stream of their own: they draw
+ONE uniform each, all in one call, and take the token where it falls in the row's cumulative
+probabilities (inverse_cdf). Same distribution as the race, from one random number a row
+instead of one per vocabulary entry.
 
 The contract (tests/test_batch_sampler.py): without `shared`, every request gets exactly the
 token stage 01's per-row sampler gives it, and consumes its generator identically; with it, the
-same for greedy and seeded rows, and the unseeded rows get what stage 01's sampler gives when
-they all draw, in row order, from that one generator. Where a request's own code raises (its
+same for greedy and seeded rows, and the unseeded rows get the inverse-CDF token of one uniform
+each, drawn in row order from that one generator. Where a request's own code raises (its
 processor), that row alone gets the exception; the others are sampled.
 """
 from __future__ import annotations
@@ -114,7 +116,7 @@ def sample_tokens(work: torch.Tensor, seqs: list[Sequence], shared: torch.Genera
         everyone = len(sampled) == len(seqs)
         index = None if everyone else to_device(sampled, torch.long, work.device)
         x = filter_rows(work if everyone else work[index], [params[i] for i in sampled])
-        drawn = _race(x, [seqs[i] for i in sampled], shared).max(dim=-1).indices
+        drawn = _draw(x, [seqs[i] for i in sampled], shared)
         tokens = drawn if everyone else tokens.index_put_((index,), drawn)
     return tokens
 
@@ -134,34 +136,46 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
-def _race(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
-    """Stage 01's exponential race: p / q with q ~ Exponential(1), one number per vocab entry.
-    The argmax of a row is its sample."""
+def _draw(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
+    """Each row's sample from softmax(x): seeded rows by stage 01's exponential race on their own
+    generators; unseeded rows (with `shared`) by one uniform each, all in ONE call."""
     probs = torch.softmax(x, dim=-1)
-    q = exponential_noise(probs, seqs, shared)
+    own = [j for j, seq in enumerate(seqs) if draws_own_noise(seq, shared)]
+    if not own:
+        return inverse_cdf(probs, shared)
+    tokens = race(probs, seqs, own).max(dim=-1).indices  # the unseeded rows' are replaced below
+    if len(own) < len(seqs):
+        seeded = set(own)
+        rest = to_device([j for j in range(len(seqs)) if j not in seeded], torch.long, probs.device)
+        tokens = tokens.index_put_((rest,), inverse_cdf(probs[rest], shared))
+    return tokens
+
+
+def race(probs: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
+    """Stage 01's exponential race for `rows`: p / q with q ~ Exponential(1) from each row's own
+    generator, one number per vocab entry. The argmax of such a row is its sample."""
+    q = torch.ones_like(probs)  # rows not in `rows` are someone else's: any finite noise
+    for j in rows:
+        q[j].exponential_(generator=seqs[j].sampler._generator_for(q.device))
     q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would make 0/0 = NaN for a -inf token
     return probs / q
+
+
+def inverse_cdf(probs: torch.Tensor, shared: torch.Generator) -> torch.Tensor:
+    """One token per row of `probs` from one uniform u per row: the first token whose cumulative
+    probability exceeds u x the row's total. The race needs a number per vocab entry (on our
+    CPU, exponential_ for 40 rows x 49k takes ~65 ms, a third of a decode step); this needs one
+    per row. Cumulated in float64 so the last tokens keep their share; `right=True` never picks
+    a zero-probability token, whose cumulative value equals the one before it."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=shared)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze_(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 def draws_own_noise(seq: Sequence, shared: torch.Generator | None) -> bool:
     """A sampled row draws from its request's own generator when it asked for a seed (or when
     there is no shared generator); an unseeded one draws from the shared generator."""
     return not seq.params.greedy and (shared is None or seq.params.seed is not None)
-
-
-def exponential_noise(like: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
-    """q ~ Exponential(1) shaped like `like` [rows, vocab]: each seeded row from its own
-    generator (stage 01's draws, row by row), every unseeded row from `shared` in ONE call."""
-    q = torch.empty_like(like)
-    own = [j for j, seq in enumerate(seqs) if draws_own_noise(seq, shared)]
-    for j in own:
-        q[j].exponential_(generator=seqs[j].sampler._generator_for(q.device))
-    if len(own) < len(seqs):
-        if not own:  # every row unseeded: draw straight into q
-            return q.exponential_(generator=shared)
-        rest = to_device(sorted(set(range(len(seqs))) - set(own)), torch.long, q.device)
-        q[rest] = torch.empty((len(rest), q.shape[-1]), dtype=q.dtype, device=q.device).exponential_(generator=shared)
-    return q
 
 
 def filter_rows(work: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -264,19 +264,31 @@ def unseeded_crowd(vocab: int, n: int) -> list[SamplingParams]:
     return out
 
 
+def inverse_cdf_reference(seq: Sequence, generator: torch.Generator) -> None:
+    """Make `seq` sample as the batch's unseeded rows should, one row at a time: stage 01's
+    process_logits and softmax, then one float64 uniform u from `generator`, and the token is
+    how many cumulative probabilities are <= u x their total."""
+    def sample(logits, prompt_ids, output_ids):
+        probs = torch.softmax(process_logits(logits.float(), seq.params, prompt_ids, output_ids), dim=-1)
+        cdf = probs.to(torch.float64).cumsum(dim=-1)
+        u = torch.rand((1, 1), dtype=torch.float64, generator=generator).item()
+        return int((cdf <= u * cdf[-1]).sum())
+    seq.sampler.sample = sample
+
+
 @pytest.mark.parametrize("vocab,steps", [(1000, 20), (49152, 2)])
 def test_batch_sampler_shared_draw_keeps_greedy_and_seeded_rows_exact(byte_tok, vocab, steps):
     """With the engine's shared generator: greedy and seeded rows get stage 01's tokens and their
-    own generators are consumed identically; the unseeded rows get stage 01's tokens when they all
-    draw, in row order, from one generator (the one-call draw equals the row-by-row draws on the
-    CPU), and never make generators of their own."""
+    own generators are consumed identically; the unseeded rows get the inverse-CDF token of one
+    uniform each, drawn in row order from one generator (the one-call draw equals the row-by-row
+    draws on the CPU), and never make generators of their own."""
     params = unseeded_crowd(vocab, steps)
     assert sum(p.seed is None and not p.greedy for p in params) == 6
     ref, new = twins(params, byte_tok)
     ref_shared, shared = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
     for seq, sp in zip(ref, params):
-        if sp.seed is None:
-            seq.sampler._generator = ref_shared
+        if sp.seed is None and not sp.greedy:
+            inverse_cdf_reference(seq, ref_shared)
     g = torch.Generator().manual_seed(vocab)
     for step in range(steps):
         members = torch.randperm(len(params), generator=g)[:int(torch.randint(1, len(params) + 1, (), generator=g))]
@@ -290,17 +302,18 @@ def test_batch_sampler_shared_draw_keeps_greedy_and_seeded_rows_exact(byte_tok, 
 
 
 def test_batch_sampler_draws_unseeded_noise_in_one_call(byte_tok, monkeypatch):
-    """One exponential_ per seeded row, one for all the unseeded rows together, none for greedy rows."""
-    calls = []
-    original = torch.Tensor.exponential_
+    """One exponential_ per seeded row, one uniform per unseeded row (all in one call), none for greedy rows."""
+    calls, uniforms = [], []
+    original, rand = torch.Tensor.exponential_, torch.rand
     monkeypatch.setattr(torch.Tensor, "exponential_",
                         lambda self, *a, **kw: (calls.append(self.shape[0] if self.dim() == 2 else 1),
                                                 original(self, *a, **kw))[1])
+    monkeypatch.setattr(torch, "rand", lambda *a, **kw: (uniforms.append(tuple(a[0])), rand(*a, **kw))[1])
     params = [SamplingParams(), SamplingParams(seed=3), SamplingParams(temperature=0), SamplingParams(top_p=0.8),
               SamplingParams(seed=4, top_k=5), SamplingParams(temperature=0.3), SamplingParams(temperature=0)]
     seqs = [Sequence([1], sp, byte_tok) for sp in params]
     sample_batch(torch.randn(len(seqs), 100), seqs, torch.Generator().manual_seed(0))
-    assert sorted(calls) == [1, 1, 3]  # two seeded rows, then the three unseeded ones in one call
+    assert sorted(calls) == [1, 1] and uniforms == [(3, 1)]  # two seeded rows; the three unseeded ones in one call
     calls.clear()
     sample_batch(torch.randn(len(seqs), 100), seqs)  # no shared generator: stage 01's per-row draws
     assert calls == [1] * 5
