@@ -1,7 +1,7 @@
 """vLLM's benchmark client as bench/peers.py runs it: vllm_client.py with the python of vLLM's
 venv, on the ShareGPT file this module writes, its result JSON read back. It runs with
-`python -I`: a script's own folder goes first on sys.path, and this folder's profile.py would
-shadow the standard library's."""
+`python -I`: a script's own folder goes first on the module search path, and this folder's
+profile.py would shadow the standard library's."""
 from __future__ import annotations
 
 import json
