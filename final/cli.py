@@ -34,9 +34,9 @@ def build_server(args: argparse.Namespace, memory_info=None):
     dtype = pick_dtype(args.dtype, device)
     # typos fail before the model loads
     kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
-    kv_source = "--kv-memory" if kv_memory is not None else "--kv-blocks"
+    kv_source = "--kv-memory"
     if not device.startswith("cuda") and kv_memory is None and args.kv_blocks is None:
-        kv_memory, kv_source = cpu_kv_bytes()  # the pool sized from this machine's memory (cpu_sizing.py)
+        kv_memory, kv_source = cpu_kv_bytes()  # the pool sized from this machine's memory (launch/sizing.py)
     sizes = step_sizes(args, device)
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     if not 0 < args.gpu_memory_utilization <= 1:

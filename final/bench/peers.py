@@ -124,9 +124,9 @@ def served_model(url: str) -> str | None:
         return None
 
 
-def measure_single(url: str, reps: int, extra_body: dict | None = None) -> dict:
+def measure_single(url: str, reps: int, extra_body: dict | None = None, model: str | None = None) -> dict:
     """The single stream: `reps` chat requests in turn, after a warm-up."""
-    model = served_model(url)
+    model = model or served_model(url)
     asyncio.run(run(url, [("Hi", 8)], float("inf"), model=model, extra_body=extra_body))  # warm-up
     single = asyncio.run(run(url, [(SINGLE_PROMPT, NEW_TOKENS)] * reps, float("inf"), model=model, max_concurrency=1,
                              extra_body=extra_body))
@@ -140,7 +140,8 @@ def measure_server(url: str, light: list[tuple[str, int]], light_prompt_tokens: 
                    standard) -> dict:
     """Single stream and the light load with this module's client; the standard load with
     `standard(url, model)` (vLLM's client, or ours on the same request shape)."""
-    single, model = measure_single(url, reps), served_model(url)
+    model = served_model(url)
+    single = measure_single(url, reps, model=model)
     sat = asyncio.run(run(url, light, float("inf"), model=model))
     s = sat["summary"]
     return single | {
@@ -208,10 +209,7 @@ def measure_transformers(model_dir: str, loads: dict, reps: int, batch: int = 8)
 
 
 # ---- the run ---------------------------------------------------------------------------------
-def prompt_token_count(model_dir: str, requests: list[tuple[str, int]], chat: bool = True) -> int:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model_dir)
+def prompt_token_count(tok, requests: list[tuple[str, int]], chat: bool = True) -> int:
     if not chat:
         return sum(len(tok(p).input_ids) for p, _ in requests)
     return sum(len(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
@@ -241,9 +239,9 @@ def run_peers(args: argparse.Namespace) -> dict:
     model_dir = str(ensure_default_model())
     tok = AutoTokenizer.from_pretrained(model_dir)
     light = sharegpt_requests(model_dir, args.num_requests, 0, 512, NEW_TOKENS)
-    light_tokens = prompt_token_count(model_dir, light)
+    light_tokens = prompt_token_count(tok, light)
     standard = standard_requests(tok, args.num_requests)
-    standard_tokens = prompt_token_count(model_dir, standard, chat=False)
+    standard_tokens = prompt_token_count(tok, standard, chat=False)
     ceiling_gflops, bandwidth = gemm_gflops(), read_bandwidth()
     params = flops_per_token(model_dir) / 2  # each weight is read once a decode step: 4 bytes in float32, ~1 in int8
     ceiling_tok_s = ceiling_gflops * 1e9 / (2 * params)
