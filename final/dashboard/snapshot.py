@@ -4,10 +4,12 @@ Built on the engine thread (only it touches the engine's state), between two ste
 is bounded whatever the load: at most MAX_ROWS batch rows and MAX_IDS ids per queue (the counts
 are exact), and the pool as run-lengths of at most MAX_CELLS cells (a bigger pool is drawn with
 several blocks per cell, each cell showing the most notable state among its blocks).
+Blocks freed by a preemption since the last snapshot are listed beside the states.
 
     {"engine": {...sizes, policy}, "running": [rows], "num_running": N,
      "queues": {"waiting"|"paused"|"preempted": {"count": N, "ids": [...]}},
-     "pool": {"num_blocks", "group", "cells", "states", "runs": [state, length, ...], "counts"},
+     "pool": {"num_blocks", "group", "cells", "states", "runs": [state, length, ...],
+              "preempted_cells": [...], "counts"},
      "totals": {preemptions, pauses, refusals, ...}, "series": {one point of each time series}}
 """
 from __future__ import annotations
@@ -18,34 +20,34 @@ import time
 from course.s04_continuous_batching.request import Status
 
 # block states, least to most notable (a cell of several blocks shows the largest)
-STATES = ("free", "cached", "used", "shared", "preempted")
-FREE, CACHED, USED, SHARED, PREEMPTED = range(len(STATES))
+STATES = ("free", "cached", "used", "shared")
+FREE, CACHED, USED, SHARED = range(len(STATES))
 MAX_CELLS, MAX_ROWS, MAX_IDS = 4096, 128, 32
 
 
-def block_states(blocks, preempted: set[int]) -> bytearray:
+def block_states(blocks) -> bytearray:
     """One state per block: free (empty), cached (free, but its K/V still name a prefix),
-    used by one request, shared by several, freed by a preemption since the last snapshot."""
+    used by one request, shared by several (prefix cache, forks)."""
     states = bytearray(blocks.num_blocks)
     for b in blocks.cached_free.values():
         states[b] = CACHED
     for table in blocks.tables.values():
         for b in table:
             states[b] = SHARED if blocks.blocks[b].ref_count > 1 else USED
-    for b in preempted:
-        if b < len(states):
-            states[b] = PREEMPTED
     return states
 
 
-def pool_json(states: bytearray, max_cells: int = MAX_CELLS) -> dict:
+def pool_json(states: bytearray, preempted: set[int] = frozenset(), max_cells: int = MAX_CELLS) -> dict:
+    """The pool as run-lengths of cells, and the cells holding blocks a preemption freed since
+    the last snapshot (drawn outlined over their state now: the next request may already use them)."""
     group = -(-len(states) // max_cells)
     cells = states if group == 1 else bytes(max(states[i:i + group]) for i in range(0, len(states), group))
     runs = []
     for state, run in itertools.groupby(cells):
         runs += [state, sum(1 for _ in run)]
+    counts = {name: states.count(i) for i, name in enumerate(STATES)} | {"preempted": len(preempted)}
     return {"num_blocks": len(states), "group": group, "cells": len(cells), "states": list(STATES),
-            "runs": runs, "counts": {name: states.count(i) for i, name in enumerate(STATES)}}
+            "runs": runs, "preempted_cells": sorted({b // group for b in preempted}), "counts": counts}
 
 
 def percentile(values, q: float) -> float | None:
@@ -94,7 +96,7 @@ def build_snapshot(engine, window, refusals: int = 0, spec_delta: tuple[int, int
     """The engine as it stands between two steps, with `window`'s steps as the series point."""
     sched, blocks, config = engine.scheduler, engine.blocks, engine.config
     window.forget_gone(engine.requests)
-    states = block_states(blocks, window.preempted_blocks)
+    states = block_states(blocks)
     in_use = sum(1 for s in states if s in (USED, SHARED))
     spec = getattr(engine, "speculative", None)
     return {
@@ -106,7 +108,7 @@ def build_snapshot(engine, window, refusals: int = 0, spec_delta: tuple[int, int
         "running": [row_json(engine, req, window.rows.get(req.request_id)) for req in sched.running[:MAX_ROWS]],
         "num_running": len(sched.running),
         "queues": queues_json(sched.waiting),
-        "pool": pool_json(states),
+        "pool": pool_json(states, window.preempted_blocks),
         "preempted_now": window.preempted_ids[:MAX_IDS],
         "totals": {"preemptions": sched.num_preemptions, "pauses": sched.num_pauses, "refusals": refusals,
                    "prefix_hit_tokens": blocks.prefix_hit_tokens, "prompt_tokens": blocks.prompt_tokens},

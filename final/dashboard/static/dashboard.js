@@ -85,18 +85,28 @@ function renderPool(snap) {
   const gap = size > 4 ? 1 : 0;
   ctx.clearRect(0, 0, canvas.width, canvas.height);
   let cell = 0;
+  const place = c => [(c % cols) * size, Math.floor(c / cols) * size];
   for (let i = 0; i < pool.runs.length; i += 2) {
     ctx.fillStyle = STATE_COLORS[pool.states[pool.runs[i]]];
     for (let end = cell + pool.runs[i + 1]; cell < end; cell++) {
-      ctx.fillRect((cell % cols) * size, Math.floor(cell / cols) * size, size - gap, size - gap);
+      const [x, y] = place(cell);
+      ctx.fillRect(x, y, size - gap, size - gap);
     }
   }
-  canvas.dataset.signature = pool.runs.join(",");
+  // blocks a preemption freed since the last update: outlined, over whatever holds them now
+  ctx.strokeStyle = STATE_COLORS.preempted;
+  ctx.lineWidth = Math.max(1, Math.min(4, size / 5));
+  for (const c of pool.preempted_cells) {
+    const [x, y] = place(c), inset = ctx.lineWidth / 2;
+    ctx.strokeRect(x + inset, y + inset, size - gap - 2 * inset, size - gap - 2 * inset);
+  }
+  canvas.dataset.signature = pool.runs.join(",") + "|" + pool.preempted_cells.join(",");
   const legend = $("pool-legend");
-  legend.replaceChildren(...pool.states.map(name => {
+  legend.replaceChildren(...[...pool.states, "preempted"].map(name => {
     const item = el("span", null, {"data-state": name});
+    const label = name === "preempted" ? "freed by a preemption (outlined)" : name;
     item.append(el("span", null, {class: "swatch", style: `background:${STATE_COLORS[name]}`}),
-                document.createTextNode(`${name} ${pool.counts[name]}`));
+                document.createTextNode(`${label} ${pool.counts[name]}`));
     return item;
   }));
   if (pool.group > 1) legend.append(el("span", `(one cell = ${pool.group} blocks)`, {class: "muted"}));
@@ -107,7 +117,7 @@ function renderPool(snap) {
   if (lastPreemption) {
     const ago = (performance.now() - lastPreemption.at) / 1000;
     line.textContent = `last preemption: request ${lastPreemption.ids.map(i => "#" + i).join(", ")}, ` +
-      `${lastPreemption.blocks} blocks freed (orange), ${fmt(ago, 1)} s ago`;
+      `${lastPreemption.blocks} blocks freed, ${fmt(ago, 1)} s ago`;
     line.className = ago < 1.5 ? "flash" : "muted";
   }
 }
@@ -141,6 +151,7 @@ function drawChart(chart) {
   const stacks = chart.stacked ? values.map((_, i) => points.map((_, t) =>
     values.slice(0, i + 1).reduce((sum, line) => sum + (line[t] || 0), 0))) : values;
   const top = chart.max || Math.max(1e-9, ...stacks.flat().filter(v => v !== null));
+  const span = Math.max(30, points.length - 1);  // x spacing: a short history still fills the chart
   ctx.clearRect(0, 0, w, h);
   ctx.strokeStyle = "#ddd";
   ctx.strokeRect(0.5, 0.5, w - 1, h - 1);
@@ -150,7 +161,7 @@ function drawChart(chart) {
     let pen = false;
     line.forEach((v, t) => {
       if (v === null) { pen = false; return; }
-      const x = w - (points.length - 1 - t) * (w / HISTORY) - 1, y = h - 2 - (h - 4) * v / top;
+      const x = w - 1 - (points.length - 1 - t) * (w - 2) / span, y = h - 2 - (h - 4) * v / top;
       if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
       pen = true;
     });

@@ -93,7 +93,7 @@ def test_snapshot_shape_rows_and_series(byte_tok):
     assert series["ttft_p50_ms"] > 0 and 0 < series["kv_usage"] < 1
     pool = snap["pool"]
     assert sum(pool["runs"][1::2]) == pool["cells"] == pool["num_blocks"] == 64
-    assert sum(pool["counts"].values()) == 64 and pool["counts"]["used"] == sum(r["blocks"] for r in snap["running"])
+    assert sum(pool["counts"].values()) == 64 and pool["preempted_cells"] == [] and pool["counts"]["used"] == sum(r["blocks"] for r in snap["running"])
     page.close()
 
 
@@ -126,18 +126,20 @@ def test_preempted_and_shared_blocks_are_marked(byte_tok):
         seen += page.snapshots()
     preempting = [s for s in seen if s["preempted_now"]]
     assert engine.scheduler.num_preemptions > 0 and preempting
-    assert preempting[0]["pool"]["counts"]["preempted"] > 0 and preempting[0]["totals"]["preemptions"] > 0
+    pool = preempting[0]["pool"]
+    assert pool["counts"]["preempted"] == len(pool["preempted_cells"]) > 0 and preempting[0]["totals"]["preemptions"] > 0
     assert seen[-1]["num_running"] == 0 and seen[-1]["pool"]["counts"]["used"] == 0
     page.close()
 
 
 def test_a_large_pool_is_drawn_in_bounded_cells():
     states = bytearray(10_000)
-    states[5_000] = STATES.index("preempted")
-    pool = pool_json(states)
+    states[5_000] = STATES.index("shared")
+    pool = pool_json(states, preempted={9_999})
     assert pool["group"] == 3 and pool["cells"] <= MAX_CELLS and sum(pool["runs"][1::2]) == pool["cells"]
-    assert pool["runs"] == [0, 5_000 // 3, 4, 1, 0, pool["cells"] - 5_000 // 3 - 1]
-    assert pool["counts"]["preempted"] == 1 and pool["counts"]["free"] == 9_999
+    assert pool["runs"] == [0, 5_000 // 3, 3, 1, 0, pool["cells"] - 5_000 // 3 - 1]
+    assert pool["counts"] == {"free": 9_999, "cached": 0, "used": 0, "shared": 1, "preempted": 1}
+    assert pool["preempted_cells"] == [9_999 // 3]
 
 
 def test_a_slow_page_gets_the_newest_snapshots_never_a_backlog():
