@@ -1,5 +1,6 @@
 """The dashboard's routes on a live tiny server: /v1/engine/state, the event stream (bounded,
 closed when the client leaves), the flag that turns them off, the API key, the fuzzer."""
+import asyncio
 import json
 import threading
 import time
@@ -139,3 +140,15 @@ def test_fuzz_with_a_page_open_never_5xx(byte_tok):
     assert report.ok(), report.summary() + "\n" + "\n".join(report.violations[:20])
     assert statuses == [200, 200] and engine.watch.snapshots_built > 3
     assert any(line.startswith("data: ") for line in seen)
+
+
+def test_overhead_bench_runs_the_load_with_the_page_closed_then_open(byte_tok):
+    from course.final.dashboard.overhead import print_overhead, side_by_side
+    engine = tiny_engine(byte_tok)
+    with live_server(engine, byte_tok) as url:
+        result = asyncio.run(side_by_side(url, [("hello there", 24)] * 4, float("inf"), watchers=2, rounds=1,
+                                          endpoint="completions"))
+    r = result["rounds"][0]
+    assert r["closed"]["completed"] == r["open"]["completed"] == 4 and r["snapshots"] > 0
+    assert result["overhead"]["output_throughput_open_over_closed"] > 0
+    print_overhead(result)
