@@ -11,7 +11,9 @@ bench/profile.py times them, and `remove` deletes the wrappers, leaving the clas
     _postprocess sample: sampling, verification, detokenizing, finishing
     scheduler.preempt   the victim and the blocks it frees
 
-Everything lands in a `StepWindow`, which the next snapshot reads and empties.
+Everything lands in a `StepWindow`, which the next snapshot reads and empties. On the CPU every
+op is synchronous, so a wall clock around a call is its cost; on a GPU the forward is launched
+asynchronously and its time shows partly in `sample`, where the host first waits for its logits.
 """
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ import json
 
 from course.final.dashboard.snapshot import MAX_CELLS, STATES, pool_json
 from course.final.dashboard.watch import EngineWatch
-from course.final.engine import Engine
+from course.final.engine import Engine, SpeculativeConfig
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
+from course.s05_speculative.drafter import Draft, Drafter
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 
@@ -159,4 +160,42 @@ def test_snapshots_keep_their_cost_under_the_share(byte_tok):
     for _ in range(5):
         watch.turn(engine)
     assert watch.snapshots_built == 1
+    page.close()
+
+
+class Oracle(Drafter):
+    """Drafts the true greedy continuation, but its third guess in each draft is wrong."""
+    name = "oracle"
+
+    def __init__(self, truth: dict[tuple, list[int]]):
+        self.truth = truth
+
+    def propose(self, seq, k):
+        future = self.truth[tuple(seq.prompt_ids)][len(seq.output_ids):][:k]
+        return Draft([t if i != 2 else (t + 1) % 256 for i, t in enumerate(future)])
+
+
+def test_rows_show_drafted_and_accepted_tokens(byte_tok):
+    prompts = [[5, 6, 7, 8, 9], [40, 41, 42]]
+    plain = small_engine(byte_tok)
+    truth = {tuple(p): out.token_ids for p, out in zip(prompts, plain.generate(prompts, params(16)))}
+    engine = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4),
+                    [byte_tok.eos_token_id], SpeculativeConfig("lookup", 4), drafter=Oracle(truth))
+    watch = EngineWatch(min_interval_s=0)
+    page = OpenPage(watch)
+    watch.turn(engine)
+    for p in prompts:
+        engine.add_request(p, params(16))
+    snaps = []
+    while engine.has_unfinished():
+        run(engine, watch, steps=1)
+        snaps += page.snapshots()
+    drafted = [r for s in snaps for r in s["running"] if r["drafted"]]
+    assert drafted and all(r["tokens"] == r["drafted"] + 1 for r in drafted)
+    assert {(r["drafted"], r["accepted"]) for r in drafted} >= {(4, 2)}  # two right, the third wrong
+    assert all(r["accepted"] == min(r["drafted"], 2) for r in drafted)
+    rates = [s["series"]["spec_acceptance"] for s in snaps if s["series"]["spec_acceptance"] is not None]
+    assert rates and 0 < min(rates) and max(rates) <= 1
+    assert [out.token_ids for out in (engine.requests[0].seq.output(), engine.requests[1].seq.output())] == \
+        [truth[tuple(p)] for p in prompts]
     page.close()
