@@ -6,13 +6,9 @@ import threading
 import time
 
 import httpx
-from starlette.testclient import TestClient
-
-from course.final.cli import make_parser
 from course.final.security.api_key import Door
-from course.final.server import build_app
 from course.final.stress.fuzz import run_fuzz
-from course.final.testing import live_server, running_server, tiny_engine
+from course.final.testing import live_server, running_server, start_cli_server, stop_cli_server, tiny_engine
 
 ROUTES = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/events", "/v1/engine/state")
 
@@ -101,13 +97,13 @@ def test_the_stream_ends_when_the_server_shuts_down(byte_tok):
         assert wait_until(lambda: engine.watch.watching == 0)
 
 
-def test_no_dashboard_flag_gives_404(byte_tok):
-    engine = tiny_engine(byte_tok)  # never started: these routes are refused before any engine work
-    assert make_parser()[0].parse_args(["serve", "--no-dashboard"]).no_dashboard
-    off = TestClient(build_app(engine, byte_tok, "tiny", dashboard=False))
-    on = TestClient(build_app(engine, byte_tok, "tiny"))
-    assert [off.get(route).status_code for route in ROUTES] == [404] * 4
-    assert on.get("/dashboard").status_code == 200
+def test_no_dashboard_flag_gives_404(tiny_folder):
+    proc, url = start_cli_server("--model", str(tiny_folder), "--kv-memory", "1MiB", "--no-dashboard")
+    try:
+        assert [httpx.get(url + route).status_code for route in ROUTES] == [404] * 4
+        assert httpx.get(url + "/health").status_code == 200
+    finally:
+        assert stop_cli_server(proc) == 0
 
 
 def test_the_dashboard_is_behind_the_api_key(byte_tok):
