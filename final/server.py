@@ -1,9 +1,9 @@
 """An OpenAI-compatible HTTP server over the engine thread (FastAPI + SSE).
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics (Prometheus), GET /dashboard and GET /v1/engine/state (dashboard/). `response_format` (json_object / json_schema) holds every choice to
-the schema with stage 08's token masks (structured.py); tool calls hold their arguments to their
-functions' schemas the same way (tools/).
+GET /metrics (Prometheus), GET /dashboard and /v1/engine/state (dashboard/). `response_format`
+(json_object / json_schema) holds every choice to the schema with stage 08's token masks
+(structured.py); tool calls hold their arguments to their functions' schemas the same way (tools/).
 
 No request can hurt another. Everything a request could fail on is checked for that request,
 before it reaches the shared engine step, and answered in OpenAI's error shape (errors.py):
