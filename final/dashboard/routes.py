@@ -2,7 +2,8 @@
 
     GET /dashboard          the page (static/dashboard.html, plain JS: no build step)
     GET /dashboard/events   server-sent events, one JSON snapshot each, while the page is open
-    GET /v1/engine/state    the latest snapshot as JSON (built on demand when no page is open)
+    GET /v1/engine/state    the latest snapshot as JSON: one under a second old as it is, else one
+                            built on demand (so polling costs the engine one snapshot a second at most)
 
 They sit behind the API key like every other route (security/): with --api-key, a client must
 send `Authorization: Bearer KEY` to read them.

@@ -11,6 +11,9 @@ Blocks freed by a preemption since the last snapshot are listed beside the state
      "pool": {"num_blocks", "group", "cells", "states", "runs": [state, length, ...],
               "preempted_cells": [...], "counts"},
      "totals": {preemptions, pauses, refusals, ...}, "series": {one point of each time series}}
+
+The series point covers the steps since the last snapshot; the step clock that feeds it runs
+only while a page is open (step_clock.py), so a snapshot built on demand has no step figures.
 """
 from __future__ import annotations
 
