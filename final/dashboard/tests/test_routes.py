@@ -45,6 +45,9 @@ def test_state_is_built_on_demand_and_nothing_without_a_page(byte_tok):
         assert engine.watch.snapshots_built == 1
         assert state["num_running"] == 0 and state["pool"]["num_blocks"] == 64
         assert state["engine"]["policy"] == "FCFS" and state["queues"]["waiting"] == {"count": 0, "ids": []}
+        for _ in range(20):  # polling gets the snapshot of the last second, not a new one each time
+            assert httpx.get(url + "/v1/engine/state").status_code == 200
+        assert engine.watch.snapshots_built <= 3
 
 
 def test_the_page_and_its_script_are_served(byte_tok):
