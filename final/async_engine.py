@@ -27,6 +27,7 @@ from course.s04_continuous_batching.policy import Priority
 from .engine import Engine
 from .engine_client import (EngineClient, EngineLimits, EventStream, GenerationRequest, RequestFailedError,
                             ShuttingDownError)
+from .dashboard.watch import EngineWatch
 from .metrics import ServerMetrics
 
 
@@ -67,6 +68,7 @@ class AsyncEngine(EngineClient):
         self._unscheduled: set[int] = set()  # engine thread: admitted ids not yet scheduled once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self.watch = EngineWatch()  # snapshots for the dashboard, built only while a page is open
 
     def start(self) -> "AsyncEngine":
         self._thread.start()
@@ -137,6 +139,7 @@ class AsyncEngine(EngineClient):
                 self._step()
             self._note_scheduled()
             self.metrics.engine_updated(self.engine)
+            self.watch.turn(self.engine, self.refused)
         self._handle_commands(block=False)  # adds that raced the stop still get their answer
         self._fail_all(ShuttingDownError("the server is shutting down; this request was stopped"))
 

@@ -66,7 +66,7 @@ def build_server(args: argparse.Namespace, memory_info=None):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-    return engine, build_app(engine, loaded.tokenizer, name, limits, door_from_args(args))
+    return engine, build_app(engine, loaded.tokenizer, name, limits, door_from_args(args), not args.no_dashboard)
 
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -117,6 +117,7 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")
     add_door_args(s)
+    s.add_argument("--no-dashboard", action="store_true", help="no /dashboard, /dashboard/events, /v1/engine/state")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
     d = s.add_argument_group("disaggregated (stage 07's workers behind the API; final/disaggregated/remote_engine.py)")

@@ -110,6 +110,7 @@ class EngineClient(ABC):
     """What the server asks of an engine. Admission is decided here, on the caller's thread and
     at once: a refused request (400, 429, 503) never waits for an engine step."""
     counted = "waiting requests"  # what the queue bound counts, for the 429's message
+    watch = None  # the dashboard's EngineWatch, where this engine offers one (dashboard/)
 
     def __init__(self, limits: EngineLimits, max_waiting: int, metrics: ServerMetrics | None = None):
         self.limits, self.max_waiting = limits, max_waiting
@@ -117,6 +118,7 @@ class EngineClient(ABC):
         self.accepting = True  # False once a shutdown began: nothing more is admitted
         self._waiting = 0      # requests admitted and counted against the bound
         self._waiting_lock = threading.Lock()
+        self.refused = 0       # 429s so far (the dashboard shows them)
 
     # ---- admission: the one queue bound -------------------------------------------------------
     def check_room(self, n: int) -> None:
@@ -128,6 +130,7 @@ class EngineClient(ABC):
             raise ValueError(f"n={n} choices can never be admitted: this server queues at most "
                              f"{self.max_waiting} requests")
         if self._waiting + n > self.max_waiting:
+            self.refused += 1
             raise QueueFullError(f"the queue is full ({self.max_waiting} {self.counted}); retry later")
 
     def _admit(self, n: int) -> None:

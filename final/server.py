@@ -1,9 +1,9 @@
 """An OpenAI-compatible HTTP server over the engine thread (FastAPI + SSE).
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics (Prometheus). `response_format` (json_object / json_schema) holds every choice to
-the schema with stage 08's token masks (structured.py); tool calls hold their arguments to their
-functions' schemas the same way (tools/).
+GET /metrics (Prometheus), GET /dashboard and /v1/engine/state (dashboard/). `response_format`
+(json_object / json_schema) holds every choice to the schema with stage 08's token masks
+(structured.py); tool calls hold their arguments to their functions' schemas the same way (tools/).
 
 No request can hurt another. Everything a request could fail on is checked for that request,
 before it reaches the shared engine step, and answered in OpenAI's error shape (errors.py):
@@ -33,6 +33,7 @@ from starlette.background import BackgroundTask
 from course.s04_continuous_batching.engine import QueueFullError
 
 from .body_limit import BodyLimit
+from .dashboard.routes import add_dashboard_routes
 from .disconnect import until_disconnected
 from .engine_client import EngineClient, GenerationRequest, ShuttingDownError
 from .errors import error, install_error_handlers
@@ -64,7 +65,7 @@ def status_of(exc: BaseException) -> int:
 
 
 def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLimits | None = None,
-              door: Door | None = None) -> FastAPI:
+              door: Door | None = None, dashboard: bool = True) -> FastAPI:
     limits = limits or ServerLimits()
     app = FastAPI(title="course.final")
     app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
@@ -107,6 +108,8 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
                                             "max_model_len": max_len, "architecture": engine.limits.architecture}]}
 
     add_token_routes(app, tokenizer, engine, off_loop, check_length)  # /tokenize, /detokenize (harness/)
+    if dashboard and engine.watch is not None:  # /dashboard, its events, /v1/engine/state (dashboard/)
+        add_dashboard_routes(app, engine)
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):  # a prompt, or several (harness/)
         return await until_disconnected(request, answer(complete(body)))

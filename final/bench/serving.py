@@ -2,6 +2,7 @@
 
     python -m course.final serve &                       # the server under test
     python -m course.final.bench.serving --request-rate 1 --num-requests 40 --json r1.json
+    python -m course.final.bench.serving --request-rate inf --dashboard-watchers 1   # the page's cost
 
 Requests are ShareGPT prompts with their real answer lengths (stage 01's `sample_requests`, as
 vLLM's benchmark_serving samples them), sent to `/v1/chat/completions` (or `/v1/completions`)
@@ -178,6 +179,10 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=512)
     p.add_argument("--max-output-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dashboard-watchers", type=int, default=0, metavar="N",
+                   help="measure the dashboard's cost: each round runs the load with no page open, then with N "
+                        "pages reading /dashboard/events (dashboard/overhead.py)")
+    p.add_argument("--dashboard-rounds", type=int, default=2, help="rounds of (closed, open) with --dashboard-watchers")
     p.add_argument("--guidellm-data", metavar="PATH",
                    help="instead of running, write these requests and send times as guidellm replay data")
 
@@ -189,6 +194,11 @@ def run_client(args: argparse.Namespace) -> dict:
     if args.guidellm_data:
         write_guidellm_data(args.guidellm_data, requests, arrival_times(len(requests), args.request_rate, args.seed))
         return {"guidellm_data": args.guidellm_data, "num_requests": len(requests)}
+    if args.dashboard_watchers:  # the same load, page closed and open, side by side
+        from ..dashboard.overhead import side_by_side
+        return asyncio.run(side_by_side(args.base_url, requests, args.request_rate, args.dashboard_watchers,
+                                        args.dashboard_rounds, endpoint=args.endpoint, model=args.model,
+                                        max_concurrency=args.max_concurrency, seed=args.seed))
     result = asyncio.run(run(args.base_url, requests, args.request_rate, args.endpoint, args.model,
                              args.max_concurrency, args.seed))
     result["summary"] |= {"num_requests": args.num_requests, "max_output_tokens": args.max_output_tokens}
@@ -196,7 +206,10 @@ def run_client(args: argparse.Namespace) -> dict:
 
 
 def report(result: dict) -> None:
-    if "summary" in result:
+    if "overhead" in result:
+        from ..dashboard.overhead import print_overhead
+        print_overhead(result)
+    elif "summary" in result:
         print_summary(result["summary"])
     else:
         print(f"wrote {result['num_requests']} requests to {result['guidellm_data']}")

@@ -1,0 +1,138 @@
+"""The page in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`,
+driven by selenium) loads /dashboard from a live tiny server under a short load. Rows must
+appear and leave, the pool grid change, a preemption (a pool too small for the load) show, the
+page must keep up at 64 running requests and 1,024 blocks, and no JS error may reach the
+console. A screenshot is saved in the test's tmp folder, and to $DASHBOARD_SCREENSHOT if set.
+Skipped only where no chromium and chromedriver are found."""
+import asyncio
+import os
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from course.final.testing import live_server, tiny_engine
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+PAGE_STATE = """
+const $ = id => document.getElementById(id);
+return {rows: document.querySelectorAll('#rows tr').length, grid: $('pool').toDataURL(),
+        preemption: $('last-preemption').textContent, preemptions: $('stat-preemptions').textContent,
+        flash: $('last-preemption').className === 'flash',
+        updates: parseFloat($('stat-updates').textContent) || 0, status: $('status').textContent};
+"""
+
+
+@pytest.fixture
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium + chromedriver (Debian: apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+    os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium Manager stays offline
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1150"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def load(url: str, concurrency: int, seconds: float, prompt: str, max_tokens: int) -> threading.Thread:
+    """`concurrency` clients, each sending one completion after another for `seconds`."""
+    async def client(http: httpx.AsyncClient, end: float):
+        while time.monotonic() < end:
+            r = await http.post("/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
+                                                         "ignore_eos": True})
+            assert r.status_code == 200, r.text
+
+    async def clients():
+        end = time.monotonic() + seconds
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            await asyncio.gather(*(client(http, end) for _ in range(concurrency)))
+    thread = threading.Thread(target=asyncio.run, args=(clients(),), daemon=True)
+    thread.start()
+    return thread
+
+
+def watch_page(driver, engine, traffic: threading.Thread, on_state=lambda states: None) -> list[dict]:
+    """The page's state every ~0.1 s while the traffic lasts, then until the engine is idle and
+    the page shows no row (at most 10 s more)."""
+    states = []
+    while traffic.is_alive():
+        states.append(driver.execute_script(PAGE_STATE))
+        on_state(states)
+        time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states.append(driver.execute_script(PAGE_STATE))
+        if states[-1]["rows"] == 0 and engine.call(lambda e: not e.has_unfinished()):
+            break
+        time.sleep(0.1)
+    return states
+
+
+def console_errors(driver) -> list[str]:
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def save_screenshot(driver, tmp_path):
+    path = tmp_path / "dashboard.png"
+    driver.save_screenshot(str(path))
+    if os.environ.get("DASHBOARD_SCREENSHOT"):
+        shutil.copyfile(path, os.environ["DASHBOARD_SCREENSHOT"])
+    return path
+
+
+def open_page(driver, url: str, engine) -> None:
+    driver.get(url + "/dashboard")
+    deadline = time.monotonic() + 10
+    while engine.watch.watching == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.watch.watching == 1, "the page never opened its event stream"
+
+
+def test_page_shows_rows_come_and_go_the_pool_change_and_a_preemption(browser, byte_tok, tmp_path):
+    # 16 blocks of 4 tokens for 6 requests of ~50 tokens each: the pool runs out, requests are preempted
+    engine = tiny_engine(byte_tok, num_blocks=16, max_num_seqs=6, max_waiting=64)
+    shot = []
+
+    def screenshot_mid_load(states):  # rows on screen, a preemption flashing, the charts filled a little
+        if not shot and len(states) > 20 and states[-1]["rows"] >= 3 and states[-1]["flash"]:
+            shot.append(save_screenshot(browser, tmp_path))
+
+    with live_server(engine, byte_tok) as url:
+        open_page(browser, url, engine)
+        traffic = load(url, concurrency=6, seconds=4, prompt="the pool is small", max_tokens=32)
+        states = watch_page(browser, engine, traffic, screenshot_mid_load)
+        if not shot:
+            save_screenshot(browser, tmp_path)
+        errors = console_errors(browser)
+    assert max(s["rows"] for s in states) >= 2, "no running request ever shown"
+    assert states[-1]["rows"] == 0, "rows did not leave when the requests finished"
+    assert len({s["grid"] for s in states}) >= 3, "the pool grid never changed"
+    assert engine.engine.scheduler.num_preemptions > 0
+    assert any("preemption: request #" in s["preemption"] for s in states), "no preemption shown"
+    assert int(states[-1]["preemptions"]) > 0 and states[-1]["status"] == "live"
+    assert not errors, errors
+    assert (tmp_path / "dashboard.png").stat().st_size > 10_000
+
+
+def test_page_keeps_up_with_64_running_requests_and_1024_blocks(browser, byte_tok):
+    engine = tiny_engine(byte_tok, num_blocks=1024, max_num_seqs=64, max_waiting=128)
+    with live_server(engine, byte_tok) as url:
+        open_page(browser, url, engine)
+        traffic = load(url, concurrency=64, seconds=5, prompt="a wide batch of requests", max_tokens=48)
+        states = watch_page(browser, engine, traffic)
+        errors = console_errors(browser)
+    busy = [s for s in states if s["rows"] >= 32]
+    assert busy, f"the batch never reached 32 rows (max {max(s['rows'] for s in states)})"
+    assert min(s["updates"] for s in busy[5:] or busy) >= 2, [s["updates"] for s in busy]
+    assert not errors, errors

@@ -1,0 +1,116 @@
+"""The engine thread's side of the dashboard: who is watching, and when a snapshot is due.
+
+    engine thread, every loop turn ──> EngineWatch.turn(engine)
+        nobody watching:  remove the step clock if it is there; return (no other work)
+        someone watching: step clock installed; every >= 0.2 s, and never more often than
+                          keeps the snapshot's own cost under 2% of the engine thread, build
+                          one snapshot, encode it once, hand it to every watcher
+    each watcher (one per open page) ──> a bounded queue on the server's event loop: when the
+        page reads slower than snapshots come, the oldest is dropped; the engine never waits
+
+`turn` and `build_json` run on the engine thread only; `subscribe`/`unsubscribe` on any.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+from .snapshot import build_snapshot
+from .step_clock import StepClock, StepWindow
+
+
+class TooManyWatchersError(RuntimeError):
+    """Every watcher slot is taken (the server answers 429)."""
+
+
+class Watcher:
+    """One open page: a bounded queue of encoded snapshots on its event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int):
+        self.loop, self.queue = loop, asyncio.Queue(maxsize=size)
+        self.dropped = 0
+
+    def offer(self, data: str) -> None:  # the engine thread: never blocks
+        self.loop.call_soon_threadsafe(self._put, data)
+
+    def _put(self, data: str) -> None:  # the event loop
+        if self.queue.full():
+            self.queue.get_nowait()  # a page that lags sees the newest state, not a backlog
+            self.dropped += 1
+        self.queue.put_nowait(data)
+
+
+class EngineWatch:
+    def __init__(self, min_interval_s: float = 0.2, max_cost_share: float = 0.02, queue_size: int = 4,
+                 max_watchers: int = 32):
+        self.min_interval_s, self.max_cost_share = min_interval_s, max_cost_share
+        self.queue_size, self.max_watchers = queue_size, max_watchers
+        self.snapshots_built = 0  # tests: stays 0 while nobody watches
+        self.window = StepWindow()
+        self.latest: tuple[float, str] | None = None  # (monotonic time, JSON) of the last snapshot
+        self._watchers: set[Watcher] = set()
+        self._lock = threading.Lock()
+        self._clock: StepClock | None = None
+        self._due = 0.0
+        self._spec_seen = (0, 0)
+
+    @property
+    def watching(self) -> int:
+        return len(self._watchers)
+
+    def subscribe(self, loop: asyncio.AbstractEventLoop) -> Watcher:
+        with self._lock:
+            if len(self._watchers) >= self.max_watchers:
+                raise TooManyWatchersError(f"{self.max_watchers} dashboards are open already")
+            watcher = Watcher(loop, self.queue_size)
+            self._watchers.add(watcher)
+            return watcher
+
+    def unsubscribe(self, watcher: Watcher) -> None:
+        with self._lock:
+            self._watchers.discard(watcher)
+
+    def turn(self, engine, refusals: int = 0) -> None:
+        """Called by the engine thread after every loop turn (see the module doc)."""
+        if not self._watchers:
+            if self._clock is not None:
+                self._clock.remove()
+                self._clock = None
+            return
+        if self._clock is None:
+            self.window = StepWindow()
+            self._clock = StepClock(engine, self.window).install()
+        now = time.monotonic()
+        if now < self._due:
+            return
+        started = time.perf_counter()
+        data = self.build_json(engine, refusals)
+        cost = time.perf_counter() - started
+        self._due = now + max(self.min_interval_s, cost / self.max_cost_share)
+        with self._lock:
+            watchers = list(self._watchers)
+        for watcher in watchers:
+            try:
+                watcher.offer(data)
+            except RuntimeError:  # its event loop is closed: the page is gone
+                self.unsubscribe(watcher)
+
+    def build_json(self, engine, refusals: int = 0) -> str:
+        """One snapshot, encoded; the window starts again (engine thread)."""
+        spec = getattr(engine, "spec_stats", None)
+        delta = None
+        if spec is not None:
+            delta = (spec.proposed - self._spec_seen[0], spec.accepted - self._spec_seen[1])
+            self._spec_seen = (spec.proposed, spec.accepted)
+        data = json.dumps(build_snapshot(engine, self.window, refusals, delta), separators=(",", ":"))
+        self.window.reset()
+        self.snapshots_built += 1
+        self.latest = (time.monotonic(), data)
+        return data
+
+    def recent(self, max_age_s: float = 1.0) -> str | None:
+        """The last snapshot if it is fresh (a page is open), else None."""
+        latest = self.latest
+        return latest[1] if latest and time.monotonic() - latest[0] <= max_age_s else None
