@@ -4,6 +4,7 @@
     python -m course.final.stress.fuzz --cases 5000      # more generated cases
     python -m course.final.stress.fuzz --url http://127.0.0.1:8000 --cases 500   # a running server
     python -m course.final.stress.fuzz --cases 0 --overload 200   # then time 429s under a burst
+    python -m course.final.stress.fuzz --watch          # with the dashboard open throughout
 
 Two sources of cases, both sent to both routes:
 * HOSTILE, a table of bodies known to break servers, and their relatives: out-of-range
@@ -25,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -382,6 +384,29 @@ def tiny_server():
         yield url
 
 
+@contextlib.contextmanager
+def watching(url: str):
+    """A page's view of the server: /dashboard/events read on a thread; yields its count."""
+    seen, stop = {"snapshots": 0}, threading.Event()
+
+    def read():
+        try:
+            with httpx.stream("GET", url + "/dashboard/events", timeout=30) as r:
+                for line in r.iter_lines():
+                    seen["snapshots"] += line.startswith("data: ")
+                    if stop.is_set():
+                        return
+        except httpx.HTTPError:
+            pass
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        reader.join(timeout=5)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m course.final.stress.fuzz", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -391,12 +416,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=60.0, help="seconds one case may take before it is a hang")
     p.add_argument("--overload", type=int, default=0, metavar="N",
                    help="then send N requests at once and report how fast the refused ones get 429")
+    p.add_argument("--watch", action="store_true",
+                   help="keep the dashboard's event stream open throughout (snapshots built while it is fuzzed)")
     args = p.parse_args(argv)
     start = time.monotonic()
     with contextlib.ExitStack() as stack:
         url = args.url or stack.enter_context(tiny_server())
+        watched = stack.enter_context(watching(url)) if args.watch else None
         report = run_fuzz(url, args.cases, args.seed, args.deadline)
         print(f"{report.summary()}; {time.monotonic() - start:.0f} s")
+        if watched is not None:
+            print(f"dashboard: {watched['snapshots']} snapshots read while fuzzing")
+            if not watched["snapshots"]:
+                report.violations.append("the dashboard's event stream sent nothing while the server was fuzzed")
         if args.overload:
             print("overload:", json.dumps(asyncio.run(measure_overload(url, args.overload))))
     for v in report.violations[:50]:

@@ -2,13 +2,15 @@
 bounded number of generated ones. `python -m course.final.stress.fuzz --cases N` runs more."""
 import httpx
 
-from course.final.stress.fuzz import FuzzReport, check_case, run_fuzz
+from course.final.stress.fuzz import FuzzReport, check_case, run_fuzz, watching
 from course.final.testing import live_server, tiny_engine
 
 
 def test_fuzz_hostile_table_and_generated_bodies_never_5xx_or_hang(byte_tok):
-    with live_server(tiny_engine(byte_tok, max_waiting=8), byte_tok) as url:
+    """With the dashboard's event stream open throughout: snapshots are built while it is fuzzed."""
+    with live_server(tiny_engine(byte_tok, max_waiting=8), byte_tok) as url, watching(url) as watched:
         report = run_fuzz(url, cases=150, seed=13, deadline_s=60)
+    assert watched["snapshots"] > 0
     assert report.ok(), report.summary() + "\n" + "\n".join(report.violations[:20])
     assert report.cases > 230 and report.statuses.get(200, 0) > 10 and report.statuses.get(400, 0) > 100
 
