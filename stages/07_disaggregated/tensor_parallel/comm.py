@@ -8,6 +8,7 @@ NCCL on CUDA, joined through a TCP address (spawned ranks) or torchrun's environ
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from datetime import timedelta
 
@@ -80,6 +81,9 @@ class Collectives:
         return out
 
     @staticmethod
-    def leave() -> None:
+    def leave(timeout_s: float = 5.0) -> None:
+        """Leave the group; a broken one may never answer, so give up waiting after `timeout_s`."""
         if dist.is_initialized():
-            dist.destroy_process_group()
+            closer = threading.Thread(target=dist.destroy_process_group, daemon=True)
+            closer.start()
+            closer.join(timeout_s)

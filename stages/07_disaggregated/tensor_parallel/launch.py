@@ -119,8 +119,7 @@ class TensorParallel:
         self._closing.set()
         self.leader.stop()
         _stop(self.processes, grace_s=10)
-        if self.leader.broken is None:
-            self.comm.leave()
+        self.comm.leave()
 
     def __enter__(self) -> "TensorParallel":
         return self
