@@ -143,14 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_flags(args, {name: s.get_default(name) for name in LOCAL_ONLY})
         args.chat_template = args.chat_template and open(args.chat_template).read()  # read before the model loads
-    except (ValueError, OSError) as e:
+        tp = start_tensor_parallel(args)  # None for one process; refuses what TP does not combine with
+    except (ValueError, OSError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.disaggregated:
         return serve_disaggregated(args)
-    tp = None
     try:
-        tp = start_tensor_parallel(args)
         engine, app = build_server(args, tp=tp)
     except (ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
