@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from course.s01_decode_loop.measure import sync
 
 
 class TensorParallelError(RuntimeError):
@@ -32,6 +35,8 @@ class Collectives:
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self.calls: Counter = Counter()      # "all_reduce" -> how many
         self.bytes: Counter = Counter()      # "all_reduce" -> payload bytes this rank contributed
+        self.seconds: Counter = Counter()    # time spent inside them, when `timing` (the benchmark) is on
+        self.timing = False
 
     @classmethod
     def join(cls, rank: int, world_size: int, device: str = "cpu", init_method: str | None = None,
@@ -52,12 +57,23 @@ class Collectives:
     def reset_counts(self) -> None:
         self.calls.clear()
         self.bytes.clear()
+        self.seconds.clear()
+
+    def _timed(self, op: str, fn, *args):
+        if not self.timing:
+            return fn(*args)
+        sync(self.device)
+        start = time.perf_counter()
+        out = fn(*args)
+        sync(self.device)
+        self.seconds[op] += time.perf_counter() - start
+        return out
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place (every rank holds the sum)."""
         if self.world_size > 1:
             self.count("all_reduce", x)
-            dist.all_reduce(x)
+            self._timed("all_reduce", dist.all_reduce, x)
         return x
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +82,7 @@ class Collectives:
             return x
         self.count("all_gather", x)
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x.contiguous())
+        self._timed("all_gather", dist.all_gather, parts, x.contiguous())
         return torch.cat(parts, dim=-1)
 
     def broadcast(self, message=None):

@@ -43,6 +43,7 @@ class TPSpec:
     device: str = "cpu"         # "cpu": gloo; "cuda": NCCL, rank r on cuda:r
     port: int | None = None     # rank 0's TCP rendezvous port (spawned ranks); None under torchrun
     timeout_s: float = 60.0     # a collective (or the start-up) that waits longer fails
+    threads: int | None = None  # torch threads of each spawned rank (None: torch's default)
 
     @property
     def init_method(self) -> str | None:
@@ -59,6 +60,8 @@ def run_rank(spec: TPSpec, rank: int) -> None:
     """Ranks 1..N-1, started by spawn or torchrun: join, load, follow until told to stop."""
     if torchrun_rank() is None:
         threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     comm = Collectives.join(rank, spec.world_size, spec.device, spec.init_method, spec.timeout_s)
     try:
         _, model = load_shard(spec, comm)
