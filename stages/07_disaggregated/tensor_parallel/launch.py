@@ -26,7 +26,6 @@ import torch
 import torch.multiprocessing as mp
 
 from course.s01_decode_loop.weights import load_model
-from course.s02_kv_cache.kv_size import human
 
 from ..launcher import free_port
 from .channel import Leader, follow
@@ -113,8 +112,8 @@ class TensorParallel:
     def attach(self, engine, log=lambda line: print(line, file=sys.stderr, flush=True)) -> list[dict]:
         reports = self.leader.attach(engine)
         for r in reports:
-            log(f"tensor parallel rank {r['rank']} of {self.comm.world_size}: weights {human(r['weight_bytes'])}, "
-                f"KV pool {human(r['kv_bytes'])}")
+            log(f"tensor parallel rank {r['rank']} of {self.comm.world_size}: weights {r['weight_bytes'] / 2**20:.2f} MiB, "
+                f"KV pool {r['kv_bytes'] / 2**20:.2f} MiB")
         return reports
 
     def close(self) -> None:
