@@ -47,3 +47,13 @@ def test_closing_rank_0_stops_the_others(folder):
     pid = tp.processes[0].pid
     tp.close()
     assert tp.processes[0].exitcode == 0 and not alive(pid)
+
+
+def test_an_idle_group_outlives_its_timeout(folder):
+    """Rank 0's heartbeat keeps the followers' wait for the next step inside the collective timeout."""
+    with TensorParallel.start(TPSpec(2, str(folder), timeout_s=5)) as tp:
+        loaded, model = tp.load_shard()
+        engine = tp_engine(tp, loaded, model)
+        time.sleep(11)  # idle for more than twice the timeout
+        out = engine.generate([list(range(40, 50))], SamplingParams(max_new_tokens=4, temperature=0))
+        assert len(out[0].token_ids) == 4 and tp.leader.broken is None
