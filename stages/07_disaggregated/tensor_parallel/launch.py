@@ -69,7 +69,7 @@ def run_rank(spec: TPSpec, rank: int) -> None:
         print(f"tensor parallel rank {rank}: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
               file=sys.stderr, flush=True)
         os._exit(1)  # a broken group cannot be left politely (destroy would wait on the dead peer)
-    comm.leave()
+    # told to stop: the process ends here, and its exit closes the group's connections
 
 
 def _exit_with_parent(parent: int) -> None:
