@@ -2,6 +2,7 @@
 
     python -m course.s07_disaggregated --prompt "..." [--prefill 1 --decode 1 | --replicas N] [--json]
     python -m course.s07_disaggregated serve [--prefill 1 --decode 1 | --replicas N] [--policy P] [--port 8000]
+    python -m course.s07_disaggregated --tensor-parallel-size N --prompt "..."   (tensor_parallel/cli.py)
 
 Both start the topology on this machine (P prefill + D decode worker processes, KV over
 torch.distributed or a shared folder; or N unified replicas, no transfer). Then

@@ -55,12 +55,17 @@ class Leader:
     def __init__(self, comm: Collectives, heartbeat_s: float = 10.0, on_failure=lambda reason: None):
         self.comm, self.on_failure = comm, on_failure
         self.lock = threading.RLock()
-        self.in_step = False
+        self._stepping: int | None = None  # the thread inside a step (engine or heartbeat), if any
         self.broken: str | None = None
         self._last_sent = time.monotonic()
         self._closing = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, args=(heartbeat_s,), name="tp-heartbeat", daemon=True)
         self._heartbeat.start()
+
+    @property
+    def in_step(self) -> bool:
+        """Is the calling thread inside a step (so its collectives are already announced)?"""
+        return self._stepping == threading.get_ident()
 
     @contextlib.contextmanager
     def step(self, message):
@@ -68,7 +73,7 @@ class Leader:
         with self.lock:
             if self.broken:
                 raise TensorParallelError(self.broken)
-            self.in_step = True
+            self._stepping = threading.get_ident()
             try:
                 self.comm.broadcast(message)
                 self._last_sent = time.monotonic()
@@ -79,7 +84,7 @@ class Leader:
                 self.fail(f"a collective failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 raise TensorParallelError(self.broken) from e
             finally:
-                self.in_step = False
+                self._stepping = None
 
     def fail(self, reason: str) -> None:
         """Mark the group broken (once) and tell whoever must know (the watchdog calls it too)."""

@@ -30,7 +30,7 @@ from course.s01_decode_loop.weights import load_model
 from ..launcher import free_port
 from .channel import Leader, follow
 from .comm import Collectives, torchrun_rank
-from .sharding import shard_model
+from .sharding import shard_model, weight_bytes
 
 
 @dataclass
@@ -50,9 +50,11 @@ class TPSpec:
 
 
 def load_shard(spec: TPSpec, comm: Collectives):
-    """This rank's shard of the model (the whole model is read, then cut)."""
+    """(the loaded model, this rank's shard of it, the whole model's weight bytes): the whole
+    model is read, then cut in place."""
     loaded = load_model(spec.model, dtype=getattr(torch, spec.dtype), device=str(comm.device))
-    return loaded, shard_model(loaded.model, comm)
+    whole = weight_bytes(loaded.model)
+    return loaded, shard_model(loaded.model, comm), whole
 
 
 def run_rank(spec: TPSpec, rank: int) -> None:
@@ -63,7 +65,7 @@ def run_rank(spec: TPSpec, rank: int) -> None:
         torch.set_num_threads(spec.threads)
     comm = Collectives.join(rank, spec.world_size, spec.device, spec.init_method, spec.timeout_s)
     try:
-        _, model = load_shard(spec, comm)
+        _, model, _ = load_shard(spec, comm)
         follow(model, comm)
     except Exception as e:  # rank 0 went away, or a collective timed out: nothing left to follow
         print(f"tensor parallel rank {rank}: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
@@ -83,6 +85,7 @@ class TensorParallel:
 
     def __init__(self, spec: TPSpec, comm: Collectives, processes: list, on_failure=lambda reason: None):
         self.spec, self.comm, self.processes = spec, comm, processes
+        self.whole_weight_bytes = 0  # set by load_shard
         self.leader = Leader(comm, heartbeat_s=spec.timeout_s / 3, on_failure=on_failure)
         self._closing = threading.Event()
         threading.Thread(target=self._watch, name="tp-watchdog", daemon=True).start()
@@ -107,13 +110,15 @@ class TensorParallel:
 
     def load_shard(self):
         """Rank 0's loaded model (tokenizer, EOS ids) with its model cut to shard 0."""
-        return load_shard(self.spec, self.comm)
+        loaded, model, self.whole_weight_bytes = load_shard(self.spec, self.comm)
+        return loaded, model
 
     def attach(self, engine, log=lambda line: print(line, file=sys.stderr, flush=True)) -> list[dict]:
         reports = self.leader.attach(engine)
         for r in reports:
-            log(f"tensor parallel rank {r['rank']} of {self.comm.world_size}: weights {r['weight_bytes'] / 2**20:.2f} MiB, "
-                f"KV pool {r['kv_bytes'] / 2**20:.2f} MiB")
+            log(f"tensor parallel rank {r['rank']} of {self.comm.world_size}: weights {r['weight_bytes'] / 2**20:.2f} MiB "
+                f"(whole model {self.whole_weight_bytes / 2**20:.2f} MiB), KV pool {r['kv_bytes'] / 2**20:.2f} MiB "
+                f"(1/{self.comm.world_size} of the KV heads)")
         return reports
 
     def close(self) -> None:
