@@ -21,6 +21,7 @@ TensorParallelError, and the `on_failure` callback runs (the server uses it to e
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -81,7 +82,7 @@ class Leader:
             except TensorParallelError:
                 raise
             except Exception as e:  # gloo/NCCL: a peer closed its connection, or the timeout passed
-                self.fail(f"a collective failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                self.fail(f"a collective failed: {first_line(e)}")
                 raise TensorParallelError(self.broken) from e
             finally:
                 self._stepping = None
@@ -120,6 +121,11 @@ class Leader:
                     self.lock.release()
 
 
+def first_line(e: Exception) -> str:
+    """An exception's first line, without gloo's "[file.cc:123] " prefix."""
+    return type(e).__name__ + ": " + re.sub(r"^\[[^\]]*\] ", "", (str(e).splitlines() or [""])[0])[:200]
+
+
 class BroadcastingRunner:
     """Stage 06's ModelRunner on rank 0, each `run` announced to the other ranks first."""
 
@@ -151,3 +157,4 @@ def follow(model, comm: Collectives) -> None:
             model.compute_logits(message[1].to(comm.device))
         elif kind == "stop":
             return
+        # ("ping",): nothing to do; it only kept this wait inside the group's timeout

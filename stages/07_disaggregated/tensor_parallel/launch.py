@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from course.s01_decode_loop.weights import load_model
 
 from ..launcher import free_port
-from .channel import Leader, follow
+from .channel import Leader, first_line, follow
 from .comm import Collectives, torchrun_rank
 from .sharding import shard_model, weight_bytes
 
@@ -68,8 +68,7 @@ def run_rank(spec: TPSpec, rank: int) -> None:
         _, model, _ = load_shard(spec, comm)
         follow(model, comm)
     except Exception as e:  # rank 0 went away, or a collective timed out: nothing left to follow
-        print(f"tensor parallel rank {rank}: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
-              file=sys.stderr, flush=True)
+        print(f"tensor parallel rank {rank}: {first_line(e)}", file=sys.stderr, flush=True)
         os._exit(1)  # a broken group cannot be left politely (destroy would wait on the dead peer)
     # told to stop: the process ends here, and its exit closes the group's connections
 
