@@ -8,5 +8,7 @@ See stage 07's README, section "Tensor parallelism", for the lesson; files in re
 * channel.py: rank 0 runs the engine and broadcasts each step; the others follow;
 * launch.py: one process per rank (torch.multiprocessing or torchrun), watchdogs, clean exit;
 * cli.py: stage 01's command-line contract with --tensor-parallel-size;
-* benchmark.py: bytes a step moves against weight bytes a rank saves, measured with gloo.
+* bench_tensor_parallel.py: a step's collectives and bytes against the weight bytes a rank saves,
+  measured with gloo, computed for NVLink and PCIe;
+* testing.py: the tests' tiny model (its widths split in two, its vocabulary does not).
 """
