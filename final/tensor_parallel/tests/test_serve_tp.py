@@ -1,5 +1,5 @@
 """`python -m course.final serve --tensor-parallel-size 2` through the official openai client:
-the answers of the TP=1 server (the same plain forward); a rank killed mid-stream: the stream
+the answers of the TP=1 server (the same plain forward; prompt logprobs within 1e-4); a rank killed mid-stream: the stream
 ends with an error, the server exits, no process remains; refused combinations, by name."""
 import os
 import signal
@@ -63,7 +63,8 @@ def answers(url: str) -> list:
     seeded = complete("Once upon", temperature=0.8, seed=3)
     chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
                                           temperature=0).choices[0].message.content
-    return [greedy, seeded, chat]
+    scored = client.completions.create(model="m", prompt="The cat sat on", max_tokens=0, echo=True, logprobs=1)
+    return [greedy, seeded, chat], scored.choices[0].logprobs.token_logprobs[1:]  # rank 0's logits outside a step
 
 
 def test_openai_client_through_tp2_equals_tp1(folder, byte_tok):
@@ -75,7 +76,9 @@ def test_openai_client_through_tp2_equals_tp1(folder, byte_tok):
     proc, url = start_cli_server("--model", str(folder), "--tensor-parallel-size", "2", *SERVE)
     ranks = children(proc.pid)
     try:
-        assert answers(url) == want
+        texts, prompt_logprobs = answers(url)
+        assert texts == want[0]
+        assert prompt_logprobs == pytest.approx(want[1], abs=1e-4)
     finally:
         assert stop_cli_server(proc) == 0
     log = proc.stdout.read()
