@@ -17,6 +17,8 @@ import os
 import signal
 import sys
 
+import torch
+
 from course.s01_decode_loop.config import ModelConfig
 from course.s07_disaggregated.cli import resolve_model_dir
 from course.s07_disaggregated.tensor_parallel.comm import torchrun_rank
@@ -57,8 +59,12 @@ def start_tensor_parallel(args: argparse.Namespace) -> TensorParallel | None:
     check_divisible(ModelConfig.from_json(model_dir / "config.json"), args.tensor_parallel_size)
     device = pick_device(args.device)
     args.model = str(model_dir)
+    threads = None if device.startswith("cuda") else max(1, torch.get_num_threads() // args.tensor_parallel_size)
+    if threads:  # the ranks share this machine's cores
+        torch.set_num_threads(threads)
+        line += f"; {threads} torch thread(s) a rank"
     spec = TPSpec(args.tensor_parallel_size, args.model, str(pick_dtype(args.dtype, device)).removeprefix("torch."),
-                  device, timeout_s=args.tp_timeout)
+                  device, timeout_s=args.tp_timeout, threads=threads)
     rank = torchrun_rank()
     if rank:  # torchrun started this process as a follower: it never serves
         run_rank(spec, rank)

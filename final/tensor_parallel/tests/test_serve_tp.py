@@ -121,3 +121,18 @@ def test_unsupported_combinations_are_refused_by_name(folder, flags, message, ca
 def test_a_size_that_does_not_divide_the_heads_is_refused_before_any_rank_starts(folder, capsys):
     assert main(["serve", "--model", str(folder), "--tensor-parallel-size", "4"]) == 2
     assert "tensor parallel size 4 must divide the attention heads (6), KV heads (2)" in capsys.readouterr().err
+
+
+def test_a_rank_killed_while_idle_stops_the_server(folder):
+    """No request in flight: the watchdog sees the rank go, and the server drains and exits."""
+    proc, _ = start_cli_server("--model", str(folder), "--tensor-parallel-size", "2", *SERVE)
+    ranks = children(proc.pid)
+    try:
+        spawned = [pid for pid in ranks if "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
+        os.kill(spawned[0], signal.SIGKILL)
+        assert proc.wait(timeout=60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "rank 1 exited with code -9" in proc.stdout.read()
+    assert all_gone(ranks)
