@@ -2,7 +2,8 @@
 the prompts run together through one engine whose model is cut over N processes.
 
 Rank 0 is this process (stage 06's engine on the plain torch forward, its scheduler, sampling
-and printing); ranks 1..N-1 are spawned and follow it. Disaggregated topologies and `serve` are
+and printing); ranks 1..N-1 are spawned and follow it (or, under `torchrun --nproc-per-node N -m
+course.s07_disaggregated ...`, torchrun starts them all and ranks > 0 follow). Disaggregated topologies and `serve` are
 refused here: `python -m course.final serve --tensor-parallel-size N` serves the OpenAI API.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.weights import ModelLoadError
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
-from .launch import TensorParallel, TPSpec
+from .comm import torchrun_rank
+from .launch import TensorParallel, TPSpec, run_rank
 from .sharding import check_divisible
 
 
@@ -42,6 +44,9 @@ def run_tensor_parallel(args, resolve_model_dir) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     spec = TPSpec(n, str(model_dir), args.dtype, args.device)
+    if rank := torchrun_rank():  # torchrun started this process as a follower: no prompts, no printing
+        run_rank(spec, rank)
+        return 0
     with TensorParallel.start(spec) as tp:
         loaded, model = tp.load_shard()
         config = KernelEngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size,

@@ -93,6 +93,8 @@ class TensorParallel:
     def start(cls, spec: TPSpec, on_failure=lambda reason: None) -> "TensorParallel":
         """Spawn ranks 1..N-1 (unless torchrun started them) and join them as rank 0."""
         processes = []
+        if torchrun_rank():
+            raise ValueError("TensorParallel.start is rank 0's; torchrun's other ranks call run_rank")
         if torchrun_rank() is None:
             spec.port = spec.port or free_port()
             context = mp.get_context("spawn")
