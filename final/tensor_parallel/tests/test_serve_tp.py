@@ -3,6 +3,7 @@ the answers of the TP=1 server (the same plain forward; prompt logprobs within 1
 ends with an error, the server exits, no process remains; refused combinations, by name."""
 import os
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -52,6 +53,21 @@ def all_gone(pids: list[int], timeout_s: float = 10.0) -> bool:
     return not any(alive(pid) for pid in pids)
 
 
+def kill_the_spawned_rank(ranks: list[int]) -> None:
+    os.kill(next(pid for pid in ranks if "spawn_main" in open(f"/proc/{pid}/cmdline").read()), signal.SIGKILL)
+
+
+def exit_status_and_log(proc, timeout_s: float = 60.0) -> tuple[int | None, str]:
+    """The server's exit status once it has gone by itself (None if it had to be killed), and its log."""
+    try:
+        status = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        status = None
+        proc.kill()
+        proc.wait()
+    return status, proc.stdout.read()
+
+
 def answers(url: str) -> list:
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
 
@@ -94,16 +110,13 @@ def test_a_rank_killed_mid_stream_errors_the_request_and_the_server_exits(folder
         stream = client.completions.create(model="m", prompt="abc", max_tokens=500, temperature=0, stream=True,
                                            extra_body={"ignore_eos": True})
         next(iter(stream))
-        spawned = [pid for pid in ranks if "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
-        os.kill(spawned[0], signal.SIGKILL)
+        kill_the_spawned_rank(ranks)
         with pytest.raises(openai.APIError, match="tensor parallel group failed"):
             for _ in stream:
                 pass
-        assert proc.wait(timeout=60) == 1
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "tensor parallel group failed" in proc.stdout.read()
+        status, log = exit_status_and_log(proc)
+    assert status == 1 and "tensor parallel group failed" in log
     assert all_gone(ranks)
 
 
@@ -127,12 +140,7 @@ def test_a_rank_killed_while_idle_stops_the_server(folder):
     """No request in flight: the watchdog sees the rank go, and the server drains and exits."""
     proc, _ = start_cli_server("--model", str(folder), "--tensor-parallel-size", "2", *SERVE)
     ranks = children(proc.pid)
-    try:
-        spawned = [pid for pid in ranks if "spawn_main" in open(f"/proc/{pid}/cmdline").read()]
-        os.kill(spawned[0], signal.SIGKILL)
-        assert proc.wait(timeout=60) == 1
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert "rank 1 exited with code -9" in proc.stdout.read()
+    kill_the_spawned_rank(ranks)
+    status, log = exit_status_and_log(proc)
+    assert status == 1 and "rank 1 exited with code -9" in log
     assert all_gone(ranks)
