@@ -40,14 +40,18 @@ class Collectives:
 
     @classmethod
     def join(cls, rank: int, world_size: int, device: str = "cpu", init_method: str | None = None,
-             timeout_s: float = 60.0) -> "Collectives":
-        """Join the group (blocks until every rank has, or raises after `timeout_s`). A CUDA
-        device becomes cuda:<rank> (one GPU per rank). `init_method` None: torchrun's env://."""
+             timeout_s: float = 60.0, startup_timeout_s: float = 300.0) -> "Collectives":
+        """Join the group (blocks until every rank has, or raises after `startup_timeout_s`: a
+        spawned interpreter takes seconds to start); from then on a collective that waits longer
+        than `timeout_s` fails. A CUDA device becomes cuda:<rank> (one GPU per rank).
+        `init_method` None: torchrun's env://."""
         if device.startswith("cuda"):
             device = f"cuda:{rank}"
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", init_method=init_method or "env://",
-                                rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+                                rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=max(timeout_s, startup_timeout_s)))
+        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))  # torch's own setter (private)
         return cls(rank, world_size, device)
 
     def count(self, op: str, t: torch.Tensor) -> None:
