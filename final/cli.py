@@ -24,12 +24,13 @@ from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
 from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
+from .tensor_parallel.start import start_tensor_parallel
 from .torch_threads import off_the_main_thread
 
 
-def build_server(args: argparse.Namespace, memory_info=None):
+def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     """The engine, its model loaded, its graphs captured, and the app; `memory_info` as
-    torch.cuda.mem_get_info (tests pass a fake card)."""
+    torch.cuda.mem_get_info (tests pass a fake card); `tp`: rank 0's TensorParallel, or None."""
     args.device = device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     # typos fail before the model loads
@@ -49,7 +50,7 @@ def build_server(args: argparse.Namespace, memory_info=None):
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
 
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
-        loaded = load_model(args.model, dtype=dtype, device=device)
+        loaded = tp.load_shard()[0] if tp else load_model(args.model, dtype=dtype, device=device)
         loaded.tokenizer.chat_template = getattr(args, "chat_template", None) or loaded.tokenizer.chat_template
         blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info,
                                LLMEngine.reserved_blocks)
@@ -59,6 +60,8 @@ def build_server(args: argparse.Namespace, memory_info=None):
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                     record_steps=False, **graph_options(args, blocks), **options)
         llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+        if tp:  # every rank builds the same runner and pool; each step is broadcast from here
+            tp.attach(llm)
         warm_up(llm)
         return loaded, llm
 
@@ -128,6 +131,9 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     d.add_argument("--replicas", type=int, help="N unified workers instead (each runs whole requests, no KV transfer)")
     d.add_argument("--routing-policy", choices=ROUTING_POLICIES,
                    help="how the prefill worker (or replica) is chosen (default cache_aware); decode: least-loaded")
+    t = s.add_argument_group("tensor parallel (stage 07's tensor_parallel room; final/tensor_parallel/start.py)")
+    t.add_argument("--tensor-parallel-size", type=int, default=1, help="cut the model over N processes (gloo/NCCL)")
+    t.add_argument("--tp-timeout", type=float, default=60.0, help="seconds a collective may wait before the server stops")
     return p, s
 
 
@@ -138,16 +144,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_flags(args, {name: s.get_default(name) for name in LOCAL_ONLY})
         args.chat_template = args.chat_template and open(args.chat_template).read()  # read before the model loads
-    except (ValueError, OSError) as e:
+        tp = start_tensor_parallel(args)  # None for one process; refuses what TP does not combine with
+    except (ValueError, OSError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.disaggregated:
         return serve_disaggregated(args)
     try:
-        engine, app = build_server(args)
+        engine, app = build_server(args, tp=tp)
     except (ValueError, ModelLoadError) as e:
         print(f"error: {e}", file=sys.stderr)
+        if tp:
+            tp.close()
         return 2
     engine.start()
-    serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout, **uvicorn_options(args.host, app.state.door))
-    return 0
+    try:
+        serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout, **uvicorn_options(args.host, app.state.door))
+    finally:
+        if tp:
+            tp.close()
+    return 1 if tp and tp.leader.broken else 0

@@ -2,6 +2,7 @@
 
     python -m course.s07_disaggregated --prompt "..." [--prefill 1 --decode 1 | --replicas N] [--json]
     python -m course.s07_disaggregated serve [--prefill 1 --decode 1 | --replicas N] [--policy P] [--port 8000]
+    python -m course.s07_disaggregated --tensor-parallel-size N --prompt "..."   (tensor_parallel/cli.py)
 
 Both start the topology on this machine (P prefill + D decode worker processes, KV over
 torch.distributed or a shared folder; or N unified replicas, no transfer). Then
@@ -26,6 +27,7 @@ from .dispatcher import Dispatcher
 from .front import build_front_app
 from .launcher import Topology
 from .router import POLICIES
+from .tensor_parallel.cli import run_tensor_parallel
 
 
 def resolve_model_dir(name: str | None) -> Path:
@@ -61,6 +63,8 @@ def parse_args(argv):
     t.add_argument("--max-num-batched-tokens", type=int, default=256)
     t.add_argument("--lease-s", type=float, default=30.0)
     t.add_argument("--log-dir", type=Path, help="keep the workers' logs here (default: a temporary folder, removed at exit)")
+    t.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="N > 1: one engine, its model cut over N processes (tensor_parallel/), instead of workers")
     args = parser.parse_args(argv)
     if args.replicas < 0 or (args.replicas == 0 and min(args.prefill, args.decode) < 1):
         parser.error("need --prefill >= 1 and --decode >= 1, or --replicas >= 1")
@@ -71,6 +75,8 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     parser, args = parse_args(argv)
+    if args.tensor_parallel_size != 1:
+        return run_tensor_parallel(args, resolve_model_dir)
     try:
         prompts, params = read_prompts(args), sampling_params(args)
         model_dir = resolve_model_dir(args.model)
