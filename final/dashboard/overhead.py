@@ -6,8 +6,9 @@
 Each round sends the same load twice: with no page open, then with N pages open (each reading
 /dashboard/events as a browser does). It reports, page closed and open, the output tok/s and the
 client's p50 gap between tokens (one decode step per token: the step time a client sees), the
-ratio open/closed of each (median over the rounds), and the step time the dashboard measured
-while open. Run it on a quiet machine: the two loads differ only by the page.
+ratio open/closed of each (median over the rounds), the step time the dashboard measured while
+open, and the share of the engine thread's time its snapshots took (each snapshot reports the
+previous one's cost: `series.snapshot_ms`). Run it on a quiet machine: the two loads differ only by the page.
 """
 from __future__ import annotations
 
@@ -56,15 +57,18 @@ async def side_by_side(base_url: str, requests: list[tuple[str, int]], rate: flo
         opened, series = await with_pages_open(base_url, watchers,
                                                lambda: run(base_url, requests, rate, **run_options))
         steps = [p["step_ms"] for p in series if p["step_ms"] is not None]
+        built_ms = sum(p.get("snapshot_ms", 0.0) for p in series)  # the engine thread's time on snapshots
         out.append({"closed": closed, "open": opened["summary"], "snapshots": len(series),
-                    "dashboard_step_ms": statistics.mean(steps) if steps else None})
+                    "dashboard_step_ms": statistics.mean(steps) if steps else None,
+                    "snapshot_share": built_ms / 1e3 / opened["summary"]["duration_s"]})
 
     def ratio(key: str) -> float | None:
         pairs = [(r["open"][key], r["closed"][key]) for r in out if r["open"][key] and r["closed"][key]]
         return statistics.median(o / c for o, c in pairs) if pairs else None
     return {"watchers": watchers, "rounds": out,
             "overhead": {"output_throughput_open_over_closed": ratio("output_throughput"),
-                         "p50_itl_open_over_closed": ratio("p50_itl_s")}}
+                         "p50_itl_open_over_closed": ratio("p50_itl_s"),
+                         "snapshot_share": statistics.median(r["snapshot_share"] for r in out)}}
 
 
 def print_overhead(result: dict) -> None:
@@ -77,8 +81,9 @@ def print_overhead(result: dict) -> None:
                   f"{s['failed']} failed")
         step = r["dashboard_step_ms"]
         print(f"  round {i}: {r['snapshots']} snapshots read, step time seen by the page "
-              + (f"{step:.1f} ms" if step is not None else "-"))
+              + (f"{step:.1f} ms" if step is not None else "-")
+              + f", snapshots {100 * r['snapshot_share']:.2f}% of the engine thread's time")
     o = result["overhead"]
     fmt = lambda x: f"{x:.3f}" if x is not None else "-"  # noqa: E731
     print(f"  open / closed (median of rounds): output tok/s {fmt(o['output_throughput_open_over_closed'])}, "
-          f"p50 gap {fmt(o['p50_itl_open_over_closed'])}")
+          f"p50 gap {fmt(o['p50_itl_open_over_closed'])}; snapshots {100 * o['snapshot_share']:.2f}% of the engine thread")

@@ -48,6 +48,7 @@ class EngineWatch:
         self.min_interval_s, self.max_cost_share = min_interval_s, max_cost_share
         self.queue_size, self.max_watchers = queue_size, max_watchers
         self.snapshots_built = 0  # tests: stays 0 while nobody watches
+        self.last_build_s = 0.0   # what the last snapshot cost the engine thread, encoding included
         self.window = StepWindow()
         self.latest: tuple[float, str] | None = None  # (monotonic time, JSON) of the last snapshot
         self._watchers: set[Watcher] = set()
@@ -104,7 +105,11 @@ class EngineWatch:
         if spec is not None:
             delta = (spec.proposed - self._spec_seen[0], spec.accepted - self._spec_seen[1])
             self._spec_seen = (spec.proposed, spec.accepted)
-        data = json.dumps(build_snapshot(engine, self.window, refusals, delta), separators=(",", ":"))
+        started = time.perf_counter()
+        snapshot = build_snapshot(engine, self.window, refusals, delta)
+        snapshot["series"]["snapshot_ms"] = self.last_build_s * 1e3  # the previous one's cost (this one's is not known yet)
+        data = json.dumps(snapshot, separators=(",", ":"))
+        self.last_build_s = time.perf_counter() - started
         self.window.reset()
         self.snapshots_built += 1
         self.latest = (time.monotonic(), data)

@@ -17,6 +17,12 @@ def small_engine(byte_tok, num_blocks=64, **config):
                   [byte_tok.eos_token_id])
 
 
+def every_turn() -> EngineWatch:
+    """A watch that snapshots at every turn: no interval, no cost rule (tests must not depend on
+    how fast this machine steps)."""
+    return EngineWatch(min_interval_s=0, max_cost_share=float("inf"))
+
+
 def params(n=12):
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
 
@@ -58,7 +64,7 @@ def test_no_snapshot_and_no_clock_while_nobody_watches(byte_tok):
 
 
 def test_the_clock_comes_with_a_page_and_goes_with_it(byte_tok):
-    engine, watch = small_engine(byte_tok), EngineWatch(min_interval_s=0)
+    engine, watch = small_engine(byte_tok), every_turn()
     page = OpenPage(watch)
     engine.add_request(list(range(1, 12)), params(20))
     run(engine, watch, steps=1)  # installs the clock, snapshots the empty window
@@ -73,7 +79,7 @@ def test_the_clock_comes_with_a_page_and_goes_with_it(byte_tok):
 
 
 def test_snapshot_shape_rows_and_series(byte_tok):
-    engine, watch = small_engine(byte_tok), EngineWatch(min_interval_s=0)
+    engine, watch = small_engine(byte_tok), every_turn()
     page = OpenPage(watch)
     watch.turn(engine)
     long_prompt = list(range(1, 40))
@@ -100,7 +106,7 @@ def test_snapshot_shape_rows_and_series(byte_tok):
 
 def test_a_prefill_chunk_shows_as_one(byte_tok):
     """A long prompt under a small token budget: its row is a prefill chunk of the whole budget."""
-    engine, watch = small_engine(byte_tok, max_num_batched_tokens=16), EngineWatch(min_interval_s=0)
+    engine, watch = small_engine(byte_tok, max_num_batched_tokens=16), every_turn()
     page = OpenPage(watch)
     watch.turn(engine)
     engine.add_request(list(range(1, 40)), params())
@@ -111,7 +117,7 @@ def test_a_prefill_chunk_shows_as_one(byte_tok):
 
 
 def test_preempted_and_shared_blocks_are_marked(byte_tok):
-    engine, watch = small_engine(byte_tok, num_blocks=12), EngineWatch(min_interval_s=0)
+    engine, watch = small_engine(byte_tok, num_blocks=12), every_turn()
     page = OpenPage(watch)
     watch.turn(engine)
     prefix = list(range(1, 17))  # four full blocks, shared by both requests through the prefix cache
@@ -181,7 +187,7 @@ def test_rows_show_drafted_and_accepted_tokens(byte_tok):
     truth = {tuple(p): out.token_ids for p, out in zip(prompts, plain.generate(prompts, params(16)))}
     engine = Engine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=64, block_size=4),
                     [byte_tok.eos_token_id], SpeculativeConfig("lookup", 4), drafter=Oracle(truth))
-    watch = EngineWatch(min_interval_s=0)
+    watch = every_turn()
     page = OpenPage(watch)
     watch.turn(engine)
     for p in prompts:
