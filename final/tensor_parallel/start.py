@@ -20,6 +20,7 @@ import sys
 import torch
 
 from course.s01_decode_loop.config import ModelConfig
+from course.s01_decode_loop.default_model import DEFAULT_MODEL_NAME
 from course.s07_disaggregated.cli import resolve_model_dir
 from course.s07_disaggregated.tensor_parallel.comm import torchrun_rank
 from course.s07_disaggregated.tensor_parallel.launch import TensorParallel, TPSpec, run_rank
@@ -58,6 +59,7 @@ def start_tensor_parallel(args: argparse.Namespace) -> TensorParallel | None:
     model_dir = resolve_model_dir(args.model)  # the default model converted once, here, not by every rank
     check_divisible(ModelConfig.from_json(model_dir / "config.json"), args.tensor_parallel_size)
     device = pick_device(args.device)
+    args.served_model_name = args.served_model_name or args.model or DEFAULT_MODEL_NAME  # the name a client knows
     args.model = str(model_dir)
     threads = None if device.startswith("cuda") else max(1, torch.get_num_threads() // args.tensor_parallel_size)
     if threads:  # the ranks share this machine's cores

@@ -144,3 +144,15 @@ def test_a_rank_killed_while_idle_stops_the_server(folder):
     status, log = exit_status_and_log(proc)
     assert status == 1 and "rank 1 exited with code -9" in log
     assert all_gone(ranks)
+
+
+def test_ctrl_c_reaching_every_rank_drains_and_exits_cleanly(folder):
+    """A terminal's Ctrl-C reaches every process of the group, the spawned rank first here: the
+    followers leave it to rank 0, which drains, stops them and exits 0, with no traceback."""
+    proc, _ = start_cli_server("--model", str(folder), "--tensor-parallel-size", "2", *SERVE)
+    ranks = children(proc.pid)
+    for pid in [*ranks, proc.pid]:
+        os.kill(pid, signal.SIGINT)
+    status, log = exit_status_and_log(proc)
+    assert status == 0 and "Traceback" not in log, log
+    assert all_gone(ranks)

@@ -17,6 +17,7 @@ does not stop within a grace period is killed: no process outlives rank 0.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -59,6 +60,9 @@ def load_shard(spec: TPSpec, comm: Collectives):
 
 def run_rank(spec: TPSpec, rank: int) -> None:
     """Ranks 1..N-1, started by spawn or torchrun: join, load, follow until told to stop."""
+    # A terminal's Ctrl-C reaches every process of the group: rank 0 handles it (drain, then "stop"
+    # to the others); a follower that died of it first would fail the steps rank 0 is draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if torchrun_rank() is None:
         threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     if spec.threads:
