@@ -5,8 +5,8 @@
     GET /v1/engine/state    the latest snapshot as JSON: one under a second old as it is, else one
                             built on demand (so polling costs the engine one snapshot a second at most)
 
-They sit behind the API key like every other route (security/): with --api-key, a client must
-send `Authorization: Bearer KEY` to read them.
+With --api-key (security/) the state and the stream need `Authorization: Bearer KEY`; the page and
+its script do not (no data in them): the page asks for the key and sends it with each read.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A key at the door: `Authorization: Bearer KEY` on every route but /health (and /metrics, unless
-the operator puts it behind the key too).
+the operator puts it behind the key too) and the dashboard's page, which asks for the key itself.
 
     client ──> ApiKeyCheck ──> BodyLimit ──> FastAPI routes
                   │ no key, a wrong key, a malformed header
@@ -24,6 +24,11 @@ MISSING = ("You didn't provide an API key. You need to provide your API key in a
 WRONG = "Incorrect API key provided."
 
 
+# The dashboard's page and script hold no data: a browser must load them to ask for the key,
+# which the page then sends with every read of the engine's state (dashboard/).
+PUBLIC_PAGES = frozenset({"/dashboard", "/dashboard/dashboard.js"})
+
+
 @dataclass(frozen=True)
 class Door:
     """Who may come in, and how the server listens (the CLI fills it: options.py)."""
@@ -33,7 +38,7 @@ class Door:
     ssl_certfile: str | None = None
 
     def open_paths(self) -> frozenset[str]:
-        return frozenset({"/health"} if self.metrics_need_key else {"/health", "/metrics"})
+        return PUBLIC_PAGES | frozenset({"/health"} if self.metrics_need_key else {"/health", "/metrics"})
 
 
 def digest(token: bytes) -> bytes:

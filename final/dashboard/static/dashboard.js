@@ -181,13 +181,58 @@ function render(snap) {
   CHARTS.forEach(drawChart);
 }
 
-function connect() {
-  const status = $("status");
-  const events = new EventSource("/dashboard/events");
-  events.onopen = () => { status.textContent = "live"; status.className = "live"; };
-  events.onmessage = message => render(JSON.parse(message.data));
-  events.onerror = () => { status.textContent = "disconnected, retrying…"; status.className = "down"; };
+// The event stream, read with fetch: EventSource cannot send the Authorization header a server
+// started with --api-key wants. The key, typed once, stays in this tab (sessionStorage).
+const KEY = "dashboard-api-key";
+
+async function readEvents(body) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const {value, done} = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {  // one event; ": idle" keep-alives carry no data
+      const lines = buffer.slice(0, end).split("\n");
+      buffer = buffer.slice(end + 2);
+      const data = lines.filter(line => line.startsWith("data: ")).map(line => line.slice(6)).join("\n");
+      if (data) render(JSON.parse(data));
+    }
+  }
 }
+
+async function connect() {
+  const status = $("status");
+  for (;;) {
+    const key = sessionStorage.getItem(KEY);
+    try {
+      const response = await fetch("/dashboard/events", {headers: key ? {Authorization: `Bearer ${key}`} : {}});
+      if (response.status === 401) {  // the server wants a key: ask, and try again when it is given
+        status.textContent = key ? "that key was refused" : "this server needs its API key";
+        status.className = "down";
+        $("key-form").hidden = false;
+        return;
+      }
+      if (!response.ok) throw new Error(`/dashboard/events answered ${response.status}`);
+      status.textContent = "live";
+      status.className = "live";
+      await readEvents(response.body);
+    } catch (error) {
+      // the server went away or restarts: retry below
+    }
+    status.textContent = "disconnected, retrying…";
+    status.className = "down";
+    await new Promise(resolve => setTimeout(resolve, 1000));
+  }
+}
+
+$("key-form").addEventListener("submit", event => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY, $("key").value);
+  $("key-form").hidden = true;
+  connect();
+});
 
 makeCharts();
 connect();

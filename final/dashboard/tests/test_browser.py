@@ -13,7 +13,8 @@ import time
 import httpx
 import pytest
 
-from course.final.testing import live_server, tiny_engine
+from course.final.security.api_key import Door
+from course.final.testing import live_server, running_server, tiny_engine
 
 pytestmark = pytest.mark.browser
 
@@ -45,7 +46,7 @@ def browser():
     driver.quit()
 
 
-def load(url: str, concurrency: int, seconds: float, prompt: str, max_tokens: int) -> threading.Thread:
+def load(url: str, concurrency: int, seconds: float, prompt: str, max_tokens: int, headers=None) -> threading.Thread:
     """`concurrency` clients, each sending one completion after another for `seconds`."""
     async def client(http: httpx.AsyncClient, end: float):
         while time.monotonic() < end:
@@ -55,7 +56,7 @@ def load(url: str, concurrency: int, seconds: float, prompt: str, max_tokens: in
 
     async def clients():
         end = time.monotonic() + seconds
-        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as http:
             await asyncio.gather(*(client(http, end) for _ in range(concurrency)))
     thread = threading.Thread(target=asyncio.run, args=(clients(),), daemon=True)
     thread.start()
@@ -135,4 +136,28 @@ def test_page_keeps_up_with_64_running_requests_and_1024_blocks(browser, byte_to
     busy = [s for s in states if s["rows"] >= 32]
     assert busy, f"the batch never reached 32 rows (max {max(s['rows'] for s in states)})"
     assert min(s["updates"] for s in busy[5:] or busy) >= 2, [s["updates"] for s in busy]
+    assert not errors, errors
+
+
+def test_a_keyed_server_page_asks_for_the_key_then_shows_the_engine(browser, byte_tok):
+    """With --api-key the page still loads, finds its stream refused, asks for the key, and with
+    it reads the stream (sent in a header, which EventSource could not do)."""
+    engine = tiny_engine(byte_tok, max_waiting=16)
+    with running_server(engine, byte_tok, door=Door(("sk-dash",))) as (url, _):
+        browser.get(url + "/dashboard")
+        deadline = time.monotonic() + 10
+        while not browser.find_element("id", "key-form").is_displayed() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "API key" in browser.find_element("id", "status").text and engine.watch.watching == 0
+        browser.find_element("id", "key").send_keys("sk-dash")
+        browser.find_element("css selector", "#key-form button").click()
+        while engine.watch.watching == 0 and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert engine.watch.watching == 1, "the page never opened its stream with the key"
+        traffic = load(url, concurrency=4, seconds=2, prompt="behind a key", max_tokens=16,
+                       headers={"authorization": "Bearer sk-dash"})
+        states = watch_page(browser, engine, traffic)
+        errors = [e for e in console_errors(browser) if "401" not in e]  # the first read, before the key
+    assert max(s["rows"] for s in states) >= 1 and states[-1]["status"] == "live"
+    assert not browser.find_element("id", "key-form").is_displayed()
     assert not errors, errors

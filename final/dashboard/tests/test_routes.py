@@ -109,11 +109,13 @@ def test_no_dashboard_flag_gives_404(tiny_folder):
         assert stop_cli_server(proc) == 0
 
 
-def test_the_dashboard_is_behind_the_api_key(byte_tok):
+def test_the_dashboard_data_is_behind_the_api_key_and_its_page_is_not(byte_tok):
+    """The page and its script hold no data and must load to ask for the key; the state and the
+    stream need it."""
     key = {"authorization": "Bearer sk-dash"}
     with running_server(tiny_engine(byte_tok), byte_tok, door=Door(("sk-dash",))) as (url, _):
-        assert [httpx.get(url + route).status_code for route in ROUTES] == [401] * 4
-        assert httpx.get(url + "/dashboard", headers=key).status_code == 200
+        assert [httpx.get(url + route).status_code for route in ("/v1/engine/state", "/dashboard/events")] == [401] * 2
+        assert [httpx.get(url + route).status_code for route in ("/dashboard", "/dashboard/dashboard.js")] == [200] * 2
         assert httpx.get(url + "/v1/engine/state", headers=key).json()["pool"]["num_blocks"] == 64
         assert read_events(url, 1, headers=key)
 
