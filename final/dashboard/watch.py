@@ -86,10 +86,8 @@ class EngineWatch:
         now = time.monotonic()
         if now < self._due:
             return
-        started = time.perf_counter()
         data = self.build_json(engine, refusals)
-        cost = time.perf_counter() - started
-        self._due = now + max(self.min_interval_s, cost / self.max_cost_share)
+        self._due = now + max(self.min_interval_s, self.last_build_s / self.max_cost_share)
         with self._lock:
             watchers = list(self._watchers)
         for watcher in watchers:

@@ -197,7 +197,12 @@ async function readEvents(body) {
       const lines = buffer.slice(0, end).split("\n");
       buffer = buffer.slice(end + 2);
       const data = lines.filter(line => line.startsWith("data: ")).map(line => line.slice(6)).join("\n");
-      if (data) render(JSON.parse(data));
+      if (!data) continue;
+      try {  // a drawing bug is the page's, not the stream's: report it (the console) and read on
+        render(JSON.parse(data));
+      } catch (error) {
+        reportError(error);
+      }
     }
   }
 }
