@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s04_continuous_batching.policy import Priority
+from course.s04_continuous_batching.watch import EngineWatch
 
 from .engine import Engine
 from .engine_client import (EngineClient, EngineLimits, EventStream, GenerationRequest, RequestFailedError,
                             ShuttingDownError)
-from .dashboard.watch import EngineWatch
 from .metrics import ServerMetrics
 
 

@@ -111,6 +111,7 @@ class EngineClient(ABC):
     at once: a refused request (400, 429, 503) never waits for an engine step."""
     counted = "waiting requests"  # what the queue bound counts, for the 429's message
     watch = None  # the dashboard's EngineWatch, where this engine offers one (dashboard/)
+    workers: dict[str, str] = {}  # name -> URL of each worker engine, where the engines are remote (dashboard/)
 
     def __init__(self, limits: EngineLimits, max_waiting: int, metrics: ServerMetrics | None = None):
         self.limits, self.max_waiting = limits, max_waiting

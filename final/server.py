@@ -108,7 +108,7 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
                                             "max_model_len": max_len, "architecture": engine.limits.architecture}]}
 
     add_token_routes(app, tokenizer, engine, off_loop, check_length)  # /tokenize, /detokenize (harness/)
-    if dashboard and engine.watch is not None:  # /dashboard, its events, /v1/engine/state (dashboard/)
+    if dashboard and (engine.watch is not None or engine.workers):  # /dashboard, its events, /v1/engine/state
         add_dashboard_routes(app, engine)
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):  # a prompt, or several (harness/)

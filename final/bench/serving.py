@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.measure import bench_cli, percentile
 from course.s01_decode_loop.workloads import arrival_times
 
 
@@ -111,17 +111,6 @@ async def run(base_url: str, requests: list[tuple[str, int]], rate: float, endpo
         duration = time.perf_counter() - start
     return {"summary": summarize(results, duration) | {"request_rate": rate, "endpoint": endpoint},
             "requests": [asdict(r) | {"tpot_s": r.tpot_s} for r in results]}
-
-
-def percentile(xs: list[float], q: float) -> float | None:
-    """Linear interpolation between closest ranks (numpy's default); q in [0, 100]."""
-    xs = sorted(xs)
-    if not xs:
-        return None
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict:

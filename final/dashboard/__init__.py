@@ -4,12 +4,15 @@
             <──GET /dashboard/events── SSE: one JSON snapshot per update (routes.py)
     notebook ─GET /v1/engine/state───> the latest snapshot, or one built on demand
 
-    engine thread, end of each loop turn: EngineWatch.turn (watch.py)
+    engine thread, end of each loop turn: EngineWatch.turn (stage 04's watch/)
         nobody watching ─> nothing (no clock on the step, no snapshot)
-        a page open     ─> StepClock times the step's phases (step_clock.py); at most ~5 times a
-                           second build_snapshot (snapshot.py) reads the scheduler and block pool
+        a page open     ─> the step clock times the step's phases; at most ~5 times a second a
+                           snapshot reads the scheduler and block pool
 
-Read in this order: snapshot.py (what a snapshot holds), step_clock.py (what each step adds
-while someone watches), watch.py (when snapshots are built and who gets them), routes.py, then
-static/dashboard.js. `python -m course.final serve --no-dashboard` leaves the routes out (404).
+A disaggregated server has no engine of its own: its workers serve their snapshots and
+workers.py relays the one the page picks (`?worker=decode-0`).
+
+Read stage 04's watch/ first (what a snapshot holds, when one is built), then routes.py,
+workers.py and static/dashboard.js. `python -m course.final serve --no-dashboard` leaves the
+routes out (404).
 """

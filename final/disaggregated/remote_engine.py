@@ -120,6 +120,13 @@ class RemoteEngine(EngineClient):
         self._calls: set[_Call] = set()
         self._lock = threading.Lock()
 
+    @property
+    def workers(self) -> dict[str, str]:
+        """Each worker's URL by name (prefill-0, decode-0, replica-0...): the dashboard's per-worker view."""
+        d = self.dispatcher
+        return {f"{role}-{i}": url for role, urls in (("prefill", d.prefill_urls), ("decode", d.decode_urls),
+                                                       ("replica", d.replicas)) for i, url in enumerate(urls)}
+
     def refuse(self, request: GenerationRequest) -> str | None:
         """An option the workers cannot honour, named, or None."""
         if request.priority:

@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import statistics
 
+from course.s01_decode_loop.measure import percentile
+
 from .cost_model import CostModel
 from .simulator import Completion
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100
-    lo = int(k)
-    return ordered[lo] + (ordered[min(lo + 1, len(ordered) - 1)] - ordered[lo]) * (k - lo)
 
 
 def alone_s(cost: CostModel, prompt_tokens: int, output_tokens: int) -> float:

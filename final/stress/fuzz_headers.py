@@ -29,6 +29,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/tokenize", {"prompt": "x"}),
     ("POST", "/detokenize", {"tokens": [1]}),
     ("GET", "/v1/engine/state", None),
+    ("GET", "/dashboard/workers", None),
     ("GET", "/dashboard/events", None),  # an endless stream once in: not in the right-key pass
     ("GET", "/v1/no-such-route", None),
     ("GET", "//v1/models", None),

@@ -79,6 +79,18 @@ def median_of(fn: Callable, *args, repeats: int = 5, warmup: int = 1, device=Non
     return statistics.median(timed(fn, *args, device=device, **kwargs) for _ in range(repeats))
 
 
+def percentile(values, q: float) -> float | None:
+    """The q-th percentile (q in 0..100), interpolated between the two closest ranks as numpy's
+    default is; None for no values. Every latency percentile in the course is this one."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 def write_json(path: str | Path, result) -> None:
     """The result, indented; a dict result is stamped with the machine and the command line."""
     if isinstance(result, dict):

@@ -24,7 +24,7 @@ import time
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.measure import bench_cli, percentile, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s01_decode_loop.workloads import arrival_times, sample_requests
@@ -88,11 +88,10 @@ def gemm_flops(reps: int = 20) -> float:
 
 def summarize(name: str, rate: float, metrics: list[dict], wall: float) -> dict:
     def pct(key, q):
-        xs = sorted(m[key] for m in metrics if m[key] is not None)
-        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else None
+        return percentile([m[key] for m in metrics if m[key] is not None], q)
     return {"system": name, "rate": rate, "output_tok_s": sum(m["tokens"] for m in metrics) / wall,
-            "ttft_p50": pct("ttft_s", 0.5), "ttft_p99": pct("ttft_s", 0.99), "tpot_p50": pct("tpot_s", 0.5),
-            "tpot_p99": pct("tpot_s", 0.99), "e2e_p50": pct("e2e_s", 0.5), "wall_s": wall}
+            "ttft_p50": pct("ttft_s", 50), "ttft_p99": pct("ttft_s", 99), "tpot_p50": pct("tpot_s", 50),
+            "tpot_p99": pct("tpot_s", 99), "e2e_p50": pct("e2e_s", 50), "wall_s": wall}
 
 
 def run(n_requests: int, rates: list[float], max_output: int, budget: int) -> dict:

@@ -3,7 +3,8 @@ handlers hand it functions to run (`submit`) and get their results through Futur
 request's step outputs go to the listener its handler registered.
 
 One turn of the loop: run what was submitted, do the transfer work (engine.service_kv), step
-the engine if anything is waiting or running, deliver the outputs.
+the engine if anything is waiting or running, deliver the outputs, and let the watch take a
+snapshot if someone reads them (stage 04's watch/: nothing when nobody does).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import queue
 import threading
 from concurrent.futures import Future
 from typing import Callable
+
+from course.s04_continuous_batching.watch import EngineWatch
 
 from .engine import DisaggEngine
 
@@ -25,6 +28,7 @@ class EngineLoop:
         self.listeners: dict[int, Callable] = {}  # request id -> called (on this thread) with each StepOutput
         self._calls: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        self.watch = EngineWatch()  # GET /state and /events (worker.py)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -34,6 +38,9 @@ class EngineLoop:
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         self._thread.join(timeout_s)
+
+    def running(self) -> bool:
+        return not self._stop.is_set()
 
     def submit(self, fn: Callable[[DisaggEngine], object]) -> Future:
         """Run fn(engine) on the engine thread; the Future holds its result or its exception."""
@@ -63,6 +70,10 @@ class EngineLoop:
                 listener = self.listeners.get(out.request_id)
                 if listener:
                     listener(out)
+            try:
+                self.watch.turn(self.engine)
+            except Exception:  # a snapshot bug must not stop the engine
+                log.exception("snapshot failed")
 
     def _call(self, fn, future: Future) -> None:
         if future.set_running_or_notify_cancel():

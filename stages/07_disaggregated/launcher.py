@@ -5,6 +5,11 @@
 (`python -m course.s07_disaggregated.worker`), waits until every one answers /health,
 and on exit (normal, exception, Ctrl-C) stops them all: SIGTERM first (uvicorn shuts down,
 the engine loop stops), SIGKILL if one has not exited after a grace period.
+
+The launcher binds every port itself (port 0: the OS picks a free one) and hands the bound
+socket to the worker, which inherits it. Picking a free port and letting the worker bind it
+later would leave a window, the seconds a worker spends loading its model, in which another
+process (another worker's gloo connections, say) can take the port.
 """
 from __future__ import annotations
 
@@ -24,10 +29,19 @@ import httpx
 
 def free_port() -> int:
     """A port nobody listens on now (the OS picks it). Another process could take it before we
-    bind it; for tests and a local topology that risk is small."""
+    bind it: fine where the bind follows at once; a worker that loads a model first gets a bound
+    socket instead (`bound_socket`)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def bound_socket(host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket bound to a port the OS picked, ours until we close it."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    return sock
 
 
 @dataclass
@@ -44,15 +58,24 @@ class WorkerProcess:
             return ""
 
 
-def start_worker(role: str, port: int, worker_args: list[str], log_dir: Path, host: str = "127.0.0.1") -> WorkerProcess:
+def start_worker(role: str, worker_args: list[str], log_dir: Path, host: str = "127.0.0.1",
+                 inherit: tuple[socket.socket, ...] = ()) -> WorkerProcess:
+    """Start one worker on a socket bound here (--fd); `inherit`: more bound sockets it is handed
+    (their --dist-fd is in worker_args). The child holds its own copies; ours are closed."""
+    http = bound_socket(host)
+    port = http.getsockname()[1]
     log_path = log_dir / f"{role}-{port}.log"
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "course.s07_disaggregated.worker", "--role", role, "--host", host,
-             "--port", str(port), *worker_args],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)  # its own process group: a Ctrl-C in our terminal reaches us, and we stop it
+    try:
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "course.s07_disaggregated.worker", "--role", role, "--host", host,
+                 "--fd", str(http.fileno()), *worker_args],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+                pass_fds=[http.fileno(), *(s.fileno() for s in inherit)],
+                start_new_session=True)  # its own process group: a Ctrl-C in our terminal reaches us, and we stop it
+    finally:
+        http.close()
     return WorkerProcess(role, f"http://{host}:{port}", process, log_path)
 
 
@@ -74,10 +97,13 @@ def wait_healthy(workers: list[WorkerProcess], timeout_s: float = 120.0) -> None
         time.sleep(0.2)
 
 
-def stop_worker(worker: WorkerProcess, grace_s: float = 10.0) -> None:
+def stop_worker(worker: WorkerProcess, grace_s: float = 10.0, signalled: bool = False) -> None:
+    """SIGTERM (unless `signalled`: sent already), then SIGKILL after `grace_s`. One SIGTERM only:
+    a second one can land while the worker's Python is exiting, and kill it mid-cleanup."""
     if worker.process.poll() is not None:
         return
-    worker.process.send_signal(signal.SIGTERM)
+    if not signalled:
+        worker.process.send_signal(signal.SIGTERM)
     try:
         worker.process.wait(grace_s)
     except subprocess.TimeoutExpired:
@@ -105,9 +131,9 @@ class Topology:
         self._own_dir = self.log_dir is None  # a folder we made ourselves goes when we stop
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="s07-logs-"))
         world = self.num_prefill + self.num_decode
+        rendezvous = bound_socket()  # rank 0 hosts it; the others connect to its port
         common = [*(["--model", str(self.model)] if self.model else []), "--connector", self.connector,
-                  "--world-size", str(world), "--dist-port", str(free_port()), "--store-port", str(free_port()),
-                  *self.worker_args]
+                  "--world-size", str(world), "--dist-port", str(rendezvous.getsockname()[1]), *self.worker_args]
         if self.connector == "shared_storage":
             common += ["--kv-dir", str(self.log_dir / "kv")]
         pins = iter(self.cpus or [])
@@ -115,16 +141,19 @@ class Topology:
         try:
             for rank in range(world):
                 role = "prefill" if rank < self.num_prefill else "decode"
-                worker = start_worker(role, free_port(), [*common, "--rank", str(rank), *pin()], self.log_dir)
+                hosts = rank == 0 and self.connector == "p2p"
+                args = [*common, "--rank", str(rank), *(["--dist-fd", str(rendezvous.fileno())] if hosts else [])]
+                worker = start_worker(role, [*args, *pin()], self.log_dir, inherit=(rendezvous,) if hosts else ())
                 (self.prefill if role == "prefill" else self.decode).append(worker)
             for _ in range(self.num_unified):
                 model = ["--model", str(self.model)] if self.model else []
-                self.unified.append(start_worker("unified", free_port(), [*model, *self.worker_args, *pin()],
-                                                 self.log_dir))
+                self.unified.append(start_worker("unified", [*model, *self.worker_args, *pin()], self.log_dir))
             wait_healthy(self.workers, self.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
+        finally:
+            rendezvous.close()  # rank 0 holds its own copy
         return self
 
     def __exit__(self, *exc) -> None:
@@ -139,6 +168,6 @@ class Topology:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)
         for worker in self.workers:
-            stop_worker(worker)
+            stop_worker(worker, signalled=True)
         if getattr(self, "_own_dir", False):
             shutil.rmtree(self.log_dir, ignore_errors=True)

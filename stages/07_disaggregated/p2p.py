@@ -1,13 +1,13 @@
 """KV over the network: torch.distributed point-to-point, one tensor per layer and per K/V.
 
-Every worker joins one gloo process group through a TCP rendezvous,
-`init_method="tcp://host:port"`, so workers may sit on different hosts. Gloo moves host memory,
+Every worker joins one gloo process group through a TCP rendezvous at rank 0,
+so workers may sit on different hosts. Gloo moves host memory,
 so a GPU pool is staged through the CPU. (NCCL would send GPU memory directly, but it ignores
 tags and matches a pair's sends and receives in issue order, so concurrent pulls would have to
 be serialized; not done here.) Prefill
-workers are ranks 0..P-1, decode workers P..P+D-1. Beside it runs a *side channel*, a
-torch.distributed TCPStore (a small key-value server hosted by rank 0), for the few words the
-two sides must exchange: "send me these blocks", "I am done".
+workers are ranks 0..P-1, decode workers P..P+D-1. The rendezvous is a torch.distributed
+TCPStore (a small key-value server hosted by rank 0, on one port); the same store is the *side
+channel* for the few words the two sides must exchange: "send me these blocks", "I am done".
 
 One pull, as the consumer (decode) sees it:
 
@@ -45,15 +45,18 @@ from .kv_connector import KVConnector, KVTransferError, LayerBlocks, done_future
 class P2PConnector(KVConnector):
     name = "p2p"
 
-    def __init__(self, rank: int, world_size: int, host: str, port: int, store_port: int,
+    def __init__(self, rank: int, world_size: int, host: str, port: int, listen_fd: int | None = None,
                  connect_timeout_s: float = 60.0, send_timeout_s: float = 30.0):
+        """`listen_fd`: rank 0 may be handed a socket already bound to `port` (the launcher binds
+        it before starting us), so no other process can take the port while we load the model."""
         self.rank = rank
         self.send_timeout_s = send_timeout_s
-        self.store = dist.TCPStore(host, store_port, world_size, is_master=(rank == 0),
-                                   timeout=timedelta(seconds=connect_timeout_s), wait_for_workers=False)
+        self.store = dist.TCPStore(host, port, world_size, is_master=(rank == 0),
+                                   timeout=timedelta(seconds=connect_timeout_s), wait_for_workers=False,
+                                   master_listen_fd=listen_fd if rank == 0 else None)
         # blocks until all world_size workers have joined (or raises after the timeout)
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=connect_timeout_s))
+        dist.init_process_group("gloo", store=dist.PrefixStore("group", self.store), rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=connect_timeout_s))
         self._next_message = 1
         self._threads = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kv-p2p")  # the waits live here
 

@@ -40,9 +40,9 @@ def transfer_params(transfer_id: str, cache: PagedKVCache) -> dict:
     return {"transfer_id": transfer_id, "rank": 0, "num_blocks": len(HELD), "layout": KVLayout.of(cache).to_json()}
 
 
-def p2p_producer(ports: tuple[int, int], results, handoff, timeout_s: float = 60.0) -> None:
+def p2p_producer(port: int, results, handoff, timeout_s: float = 60.0) -> None:
     """Rank 0: holds HELD of a random pool for transfer "t" until its consumer confirms."""
-    connector = P2PConnector(0, 2, "127.0.0.1", *ports)
+    connector = P2PConnector(0, 2, "127.0.0.1", port)
     connector.register_kv_cache(random_pool(seed=0))
     held = {"t": HELD}
     deadline = time.time() + timeout_s
@@ -58,9 +58,9 @@ def p2p_producer(ports: tuple[int, int], results, handoff, timeout_s: float = 60
         connector.close()
 
 
-def p2p_consumer(ports: tuple[int, int], results, handoff) -> None:
+def p2p_consumer(port: int, results, handoff) -> None:
     """Rank 1: pulls blocks 1.. of "t"; then asks for a transfer the producer never held."""
-    connector = P2PConnector(1, 2, "127.0.0.1", *ports)
+    connector = P2PConnector(1, 2, "127.0.0.1", port)
     connector.register_kv_cache(PagedKVCache(TINY_CONFIGS["gqa_tied"], NUM_BLOCKS, BLOCK_SIZE))
     try:
         unknown = connector.start_load(transfer_params("gone", connector.cache), [], 0, time.time() + 30)

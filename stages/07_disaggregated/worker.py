@@ -5,6 +5,8 @@ A *unified* worker (a replica, `serve --replicas N`) runs whole requests itself:
 
   GET  /health    {"role", "rank"}: 200 once the model is loaded and the KV group is joined
   GET  /stats     the pool and the transfers (free blocks, leases held, loads, releases)
+  GET  /state     a snapshot of this worker's engine: batch, block pool, queues (stage 04's watch/)
+  GET  /events    the same snapshots, a few a second, as server-sent events while someone reads
   POST /prefill   {"prompt_ids", "sampling", "lease_s"?} -> {"first_token", "kv_transfer_params"}
                   runs the prompt to its first token and holds its blocks for a consumer
   POST /cancel    {"transfer_id"} -> {"cancelled": bool}: frees the blocks at once
@@ -17,7 +19,11 @@ Every wait has a deadline: a prefill that does not finish in `request_timeout_s`
 (504), a stream that produces no token for that long ends with an error line and is aborted.
 
     python -m course.s07_disaggregated.worker --role prefill --model DIR --port 8100 \
-        --connector p2p --rank 0 --world-size 2 --dist-port 29500 --store-port 29501
+        --connector p2p --rank 0 --world-size 2 --dist-port 29500
+
+The launcher binds each worker's sockets before starting it and hands them over (--fd,
+--dist-fd): a port chosen by the parent and bound by the child seconds later, after loading the
+model, could be taken in between by another process (gloo's own connections, for one).
 """
 from __future__ import annotations
 
@@ -27,16 +33,19 @@ import json
 import logging
 import os
 import signal
+import socket
+import sys
 import threading
 import time
 from dataclasses import fields
 
 import torch
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s04_continuous_batching.engine import EngineConfig, QueueFullError
+from course.s04_continuous_batching.watch import snapshot_events
 
 from .engine import DisaggConfig, DisaggEngine
 from .engine_loop import EngineLoop
@@ -67,6 +76,18 @@ def build_app(loop: EngineLoop, role: str, rank: int = 0, request_timeout_s: flo
     @app.get("/stats")
     async def stats():
         return await on_engine(lambda e: e.kv_stats())
+
+    @app.get("/state")
+    async def state():
+        data = loop.watch.recent() or await on_engine(loop.watch.build_json)
+        return Response(data, media_type="application/json")
+
+    @app.get("/events")
+    async def events():
+        if loop.watch.watching >= loop.watch.max_watchers:
+            raise HTTPException(429, f"{loop.watch.max_watchers} readers already")
+        return StreamingResponse(snapshot_events(loop.watch, loop.running), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache"})
 
     @app.post("/prefill")
     async def prefill(body: dict):
@@ -167,14 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unified: a replica that runs whole requests, no KV transfer")
     p.add_argument("--model", help="model folder or .gguf (default: the course's default model)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--port", type=int, help="the HTTP port (or --fd)")
+    p.add_argument("--fd", type=int, help="serve HTTP on this inherited, already bound socket")
     p.add_argument("--connector", choices=["p2p", "shared_storage"], default="p2p")
     p.add_argument("--kv-dir", help="shared_storage: the folder both sides see")
     p.add_argument("--rank", type=int, default=0, help="p2p: this worker's rank (prefill workers first)")
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--dist-host", default="127.0.0.1", help="p2p: host of rank 0 (rendezvous and side channel)")
-    p.add_argument("--dist-port", type=int, default=29500)
-    p.add_argument("--store-port", type=int, default=29501)
+    p.add_argument("--dist-port", type=int, default=29500, help="p2p: rank 0's rendezvous port")
+    p.add_argument("--dist-fd", type=int, help="p2p, rank 0: host the rendezvous on this inherited, bound socket")
     p.add_argument("--kv-blocks", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
@@ -199,7 +221,7 @@ def make_connector(args):
         from .shared_storage import SharedStorageConnector
         return SharedStorageConnector(args.kv_dir)
     from .p2p import P2PConnector
-    return P2PConnector(args.rank, args.world_size, args.dist_host, args.dist_port, args.store_port)
+    return P2PConnector(args.rank, args.world_size, args.dist_host, args.dist_port, listen_fd=args.dist_fd)
 
 
 def exit_with_parent(poll_s: float = 1.0) -> None:
@@ -220,7 +242,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from course.s01_decode_loop.weights import load_model
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.port is None) == (args.fd is None):
+        parser.error("give exactly one of --port and --fd")
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; with the default handler that
+    # would kill us before the engine loop and the KV group are closed below
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     exit_with_parent()
     if args.cpus:
         pin_to_cpus(args.cpus)
@@ -235,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
                           disagg=DisaggConfig(lease_s=args.lease_s, kv_load_timeout_s=args.kv_load_timeout_s))
     loop = EngineLoop(engine).start()
     try:
-        uvicorn.run(build_app(loop, args.role, args.rank, args.request_timeout_s), host=args.host, port=args.port,
-                    log_level="warning")
+        app = build_app(loop, args.role, args.rank, args.request_timeout_s)
+        if args.fd is not None:  # a socket the launcher bound for us and kept open since
+            uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[socket.socket(fileno=args.fd)])
+        else:
+            uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:  # uvicorn returns on SIGTERM / Ctrl-C
         loop.stop()
         if connector is not None:

@@ -1,4 +1,4 @@
-// The engine dashboard: draws each snapshot of /dashboard/events (JSON, see snapshot.py).
+// The engine dashboard: draws each snapshot of /dashboard/events (JSON, see stage 04's watch/snapshot.py).
 // Plain JS, canvas drawing, no library: the batch table, the block pool grid, the queues and
 // a few line charts of the last HISTORY updates.
 "use strict";
@@ -207,23 +207,53 @@ async function readEvents(body) {
   }
 }
 
+// A disaggregated server's engines are its workers: the page reads one at a time, picked in
+// the header (or with ?worker=NAME in the page's address).
+let worker = new URLSearchParams(location.search).get("worker");
+let reading = null;  // the AbortController of the stream being read
+
+async function listWorkers(headers) {
+  const response = await fetch("/dashboard/workers", {headers});
+  if (!response.ok) return;  // a refused key shows at the stream's read, next
+  const names = (await response.json()).workers;
+  if (!names.length) return;  // one engine: no picker
+  if (!names.includes(worker)) worker = names[0];
+  const select = $("worker");
+  select.replaceChildren(...names.map(name => el("option", name, {value: name})));
+  select.value = worker;
+  select.hidden = false;
+}
+
+$("worker").addEventListener("change", () => {
+  worker = $("worker").value;
+  points.length = 0;  // another engine: its history starts here
+  arrivals.length = 0;
+  lastPreemption = null;
+  if (reading) reading.abort();  // connect() reads the new one at once
+});
+
 async function connect() {
   const status = $("status");
   for (;;) {
     const key = sessionStorage.getItem(KEY);
+    const headers = key ? {Authorization: `Bearer ${key}`} : {};
+    reading = new AbortController();
     try {
-      const response = await fetch("/dashboard/events", {headers: key ? {Authorization: `Bearer ${key}`} : {}});
+      if ($("worker").hidden) await listWorkers(headers);
+      const url = "/dashboard/events" + (worker && !$("worker").hidden ? `?worker=${encodeURIComponent(worker)}` : "");
+      const response = await fetch(url, {headers, signal: reading.signal});
       if (response.status === 401) {  // the server wants a key: ask, and try again when it is given
         status.textContent = key ? "that key was refused" : "this server needs its API key";
         status.className = "down";
         $("key-form").hidden = false;
         return;
       }
-      if (!response.ok) throw new Error(`/dashboard/events answered ${response.status}`);
+      if (!response.ok) throw new Error(`${url} answered ${response.status}`);
       status.textContent = "live";
       status.className = "live";
       await readEvents(response.body);
     } catch (error) {
+      if (reading.signal.aborted) continue;  // another worker was picked: read it now
       // the server went away or restarts: retry below
     }
     status.textContent = "disconnected, retrying…";

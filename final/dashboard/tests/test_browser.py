@@ -13,37 +13,16 @@ import time
 import httpx
 import pytest
 
+from course.final.dashboard.testing import PAGE_STATE, chromium, console_errors
 from course.final.security.api_key import Door
 from course.final.testing import live_server, running_server, tiny_engine
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-PAGE_STATE = """
-const $ = id => document.getElementById(id);
-return {rows: document.querySelectorAll('#rows tr').length, grid: $('pool').toDataURL(),
-        preemption: $('last-preemption').textContent, preemptions: $('stat-preemptions').textContent,
-        flash: $('last-preemption').className === 'flash',
-        updates: parseFloat($('stat-updates').textContent) || 0, status: $('status').textContent};
-"""
-
-
 @pytest.fixture
 def browser():
-    if not (CHROMIUM and CHROMEDRIVER):
-        pytest.skip("no chromium + chromedriver (Debian: apt-get install chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-    os.environ.setdefault("SE_AVOID_STATS", "true")  # Selenium Manager stays offline
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1150"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    yield driver
-    driver.quit()
+    with chromium() as driver:
+        yield driver
 
 
 def load(url: str, concurrency: int, seconds: float, prompt: str, max_tokens: int, headers=None) -> threading.Thread:
@@ -78,10 +57,6 @@ def watch_page(driver, engine, traffic: threading.Thread, on_state=lambda states
             break
         time.sleep(0.1)
     return states
-
-
-def console_errors(driver) -> list[str]:
-    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
 def save_screenshot(driver, tmp_path):

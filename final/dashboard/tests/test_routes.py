@@ -54,6 +54,10 @@ def test_the_page_and_its_script_are_served(byte_tok):
     with live_server(tiny_engine(byte_tok), byte_tok) as url:
         page = httpx.get(url + "/dashboard")
         script = httpx.get(url + "/dashboard/dashboard.js")
+        workers = httpx.get(url + "/dashboard/workers").json()
+        picked = [httpx.get(url + route + "?worker=decode-0") for route in ("/v1/engine/state", "/dashboard/events")]
+    assert workers == {"workers": []}  # one engine: the page shows no worker picker
+    assert [r.status_code for r in picked] == [404, 404] and "no workers" in picked[0].json()["error"]["message"]
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert '<script src="/dashboard/dashboard.js">' in page.text
     assert script.status_code == 200 and "EventSource" in script.text

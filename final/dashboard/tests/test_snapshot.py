@@ -3,8 +3,8 @@ that only exists while someone watches, and the bounded queue of each watcher.""
 import asyncio
 import json
 
-from course.final.dashboard.snapshot import MAX_CELLS, STATES, pool_json
-from course.final.dashboard.watch import EngineWatch
+from course.s04_continuous_batching.watch.snapshot import MAX_CELLS, STATES, pool_json
+from course.s04_continuous_batching.watch import EngineWatch
 from course.final.engine import Engine, SpeculativeConfig
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model

@@ -2,11 +2,13 @@
 stage 07's worker processes, as a user runs it (a real process, a real port), against the
 unified server on the same model folder."""
 import contextlib
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -154,6 +156,59 @@ def test_a_client_that_leaves_mid_stream_frees_the_workers(server):
     for w in server.workers:  # nothing running, nothing held: every block back in its pool
         s = settled(w)
         assert (s["running"], s["waiting"], s["held"], s["ref_count_sum"]) == (0, 0, 0, 0), (w.role, s)
+
+
+def test_the_dashboard_shows_each_workers_engine(server):
+    """The front runs no engine: /v1/engine/state gathers every worker's snapshot, and
+    /dashboard/events?worker=NAME relays that worker's own stream."""
+    assert httpx.get(server.url + "/dashboard/workers", timeout=10).json() == {"workers": ["prefill-0", "decode-0"]}
+    snaps = httpx.get(server.url + "/v1/engine/state", timeout=10).json()["workers"]
+    assert set(snaps) == {"prefill-0", "decode-0"} and all(s["pool"]["num_blocks"] == 256 for s in snaps.values())
+    r = httpx.get(server.url + "/v1/engine/state?worker=decode-7", timeout=10)
+    assert r.status_code == 404 and "decode-0" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/dashboard/events?worker=nobody", timeout=10).status_code == 404
+    body = {"prompt": "watch me", "max_tokens": 200, "ignore_eos": True, "temperature": 0}
+    seen = []
+    with httpx.stream("GET", server.url + "/dashboard/events?worker=decode-0", timeout=30) as events:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=60)
+            for line in events.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[len("data: "):]))
+                if any(snap["num_running"] for snap in seen) or len(seen) > 50:
+                    break
+            assert answer.result().status_code == 200
+    assert any(row["kind"] == "decode" for snap in seen for row in snap["running"])
+
+
+@pytest.mark.browser
+def test_the_dashboard_page_picks_a_worker_and_shows_its_batch(server, tmp_path):
+    from course.final.dashboard.testing import PAGE_STATE, chromium, console_errors
+    from selenium.webdriver.support.ui import Select
+    with chromium() as driver:
+        driver.get(server.url + "/dashboard")
+        deadline = time.monotonic() + 10
+        while not driver.find_element("id", "worker").is_displayed() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        picker = Select(driver.find_element("id", "worker"))
+        assert [o.text for o in picker.options] == ["prefill-0", "decode-0"]
+        picker.select_by_visible_text("decode-0")
+        body = {"prompt": "the page watches", "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+        with ThreadPoolExecutor(4) as pool:
+            answers = [pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=60) for _ in range(8)]
+            states = []
+            while not all(a.done() for a in answers):
+                states.append(driver.execute_script(PAGE_STATE))
+                time.sleep(0.1)
+        while states[-1]["rows"] and time.monotonic() < deadline + 30:
+            time.sleep(0.1)
+            states.append(driver.execute_script(PAGE_STATE))
+        driver.save_screenshot(str(tmp_path / "dashboard-decode-worker.png"))
+        errors = console_errors(driver)
+    assert all(a.result().status_code == 200 for a in answers)
+    assert max(s["rows"] for s in states) >= 1, "the decode worker's batch never showed"
+    assert states[-1]["rows"] == 0 and states[-1]["status"] == "live"
+    assert not errors, errors
 
 
 def test_sigterm_stops_the_server_and_every_worker(server):

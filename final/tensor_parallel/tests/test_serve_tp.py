@@ -7,6 +7,7 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 
@@ -95,6 +96,9 @@ def test_openai_client_through_tp2_equals_tp1(folder, byte_tok):
         texts, prompt_logprobs = answers(url)
         assert texts == want[0]
         assert prompt_logprobs == pytest.approx(want[1], abs=1e-4)
+        # the dashboard's data: rank 0 schedules for the group, so its pool is the group's
+        state = httpx.get(url + "/v1/engine/state", timeout=30).json()
+        assert state["engine"]["num_blocks"] == 128 and state["pool"]["counts"]["used"] == 0
     finally:
         assert stop_cli_server(proc) == 0
     log = proc.stdout.read()

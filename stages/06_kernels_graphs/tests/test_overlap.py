@@ -11,7 +11,7 @@ from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
-from .test_engine import GREEDY, POOLS, PROMPTS, stage04, stage06
+from .test_engine import GREEDY, PROMPTS, stage04, stage06
 
 SEEDED = [SamplingParams(max_new_tokens=8 + i, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(len(PROMPTS))]
 UNEVEN = [SamplingParams(max_new_tokens=3 + 2 * i, temperature=0.0) for i in range(len(PROMPTS))]  # EOS allowed

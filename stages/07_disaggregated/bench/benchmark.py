@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.measure import bench_cli, percentile
 
 from ..cli import resolve_model_dir
 from ..dispatcher import Dispatcher
@@ -65,12 +65,6 @@ class Settings:
 QUICK = Settings(requests=4, short_tokens=12, long_tokens=40, long_every=2, new_tokens=4, interval_s=0.05,
                  routed_requests=8, systems=2, system_tokens=32, user_tokens=5, routed_new_tokens=2,
                  routed_interval_s=0.05, replica_blocks=64, kv_blocks=64)
-
-
-def percentile(xs: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100); with few samples p99 is the maximum."""
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * len(xs) + 0.5) - 1))] if xs else float("nan")
 
 
 def cores_for(n: int) -> tuple[list[str], str]:

@@ -28,7 +28,6 @@ from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from ..cli import resolve_model_dir
-from .channel import memory_report
 from .launch import TensorParallel, TPSpec
 from .sharding import check_divisible, weight_bytes
 

@@ -16,8 +16,8 @@ def got():
     """Run both processes once; collect everything they report."""
     ctx = mp.get_context("spawn")
     results, handoff = ctx.Queue(), ctx.Queue()
-    ports = (free_port(), free_port())
-    procs = [ctx.Process(target=fn, args=(ports, results, handoff)) for fn in (p2p_producer, p2p_consumer)]
+    port = free_port()
+    procs = [ctx.Process(target=fn, args=(port, results, handoff)) for fn in (p2p_producer, p2p_consumer)]
     for p in procs:
         p.start()
     try:

@@ -1,5 +1,6 @@
 """Two worker processes (prefill, decode), KV over torch.distributed (gloo), driven over HTTP:
 the disaggregated path gives what the unified stage-04 engine gives, and no block leaks."""
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -24,6 +25,8 @@ def topology(untied_folder):
             "--lease-s", "60", "--kv-load-timeout-s", "20", "--request-timeout-s", "60"]
     with Topology(untied_folder, connector="p2p", worker_args=args) as topo:  # stops both, pass or fail
         yield topo
+    # a SIGTERM is a clean stop: the engine loop and the KV group are closed, the exit code is 0
+    assert [w.process.returncode for w in topo.workers] == [0, 0], [w.log_tail() for w in topo.workers]
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +153,42 @@ def test_workers_client_going_away_frees_decode_blocks(topology, dispatcher):
         lines = r.iter_lines()
         next(lines), next(lines)  # two tokens, then hang up long before the 400th
     # the autouse check below: the decode worker aborted the request and its pool is whole again
+
+
+def test_each_worker_serves_snapshots_of_its_own_engine(topology, dispatcher):
+    """GET /state and /events (stage 04's watch/): the decode worker shows the request it decodes."""
+    prefill, decode = topology.prefill[0], topology.decode[0]
+    for w in (prefill, decode):
+        snap = httpx.get(f"{w.url}/state", timeout=10).json()
+        assert snap["pool"]["num_blocks"] == NUM_BLOCKS and snap["num_running"] == 0
+    seen = []
+    with ThreadPoolExecutor(1) as pool:
+        with httpx.stream("GET", f"{decode.url}/events", timeout=30) as events:
+            run = pool.submit(dispatcher.generate, prompts([20], seed=9)[0], {"max_new_tokens": 120, **GREEDY})
+            for line in events.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line[len("data: "):]))
+                if any(s["num_running"] for s in seen) or len(seen) > 50:
+                    break
+        run.result(timeout=60)
+    busy = next(s for s in seen if s["num_running"])
+    assert busy["running"][0]["kind"] == "decode" and busy["pool"]["counts"]["used"] > 0
+    assert settled(decode)["free_blocks"] == NUM_BLOCKS  # the stream's reader left; nothing held
+
+
+def test_a_workers_port_is_held_from_its_start(untied_folder, tmp_path):
+    """The launcher binds the port and hands the socket over: nobody can take it while the worker
+    loads its model (a port picked here and bound there seconds later could be). That the workers
+    then serve on those sockets, every test above shows."""
+    import errno
+    import socket
+
+    from course.s07_disaggregated.launcher import start_worker, stop_worker
+    worker = start_worker("unified", ["--model", str(untied_folder)], tmp_path)
+    try:
+        port = int(worker.url.rsplit(":", 1)[1])
+        with socket.socket() as thief, pytest.raises(OSError) as taken:
+            thief.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+    finally:
+        stop_worker(worker)

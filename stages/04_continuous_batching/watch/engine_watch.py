@@ -1,4 +1,4 @@
-"""The engine thread's side of the dashboard: who is watching, and when a snapshot is due.
+"""Who is watching the engine, and when a snapshot is due.
 
     engine thread, every loop turn ──> EngineWatch.turn(engine)
         nobody watching:  remove the step clock if it is there; return (no other work)
@@ -8,7 +8,8 @@
     each watcher (one per open page) ──> a bounded queue on the server's event loop: when the
         page reads slower than snapshots come, the oldest is dropped; the engine never waits
 
-`turn` and `build_json` run on the engine thread only; `subscribe`/`unsubscribe` on any.
+`turn` and `build_json` run on the engine thread only; `subscribe`/`unsubscribe` on any;
+`snapshot_events` on the server's event loop.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import json
 import threading
 import time
+from typing import AsyncIterator, Callable
 
 from .snapshot import build_snapshot
 from .step_clock import StepClock, StepWindow
@@ -117,3 +119,24 @@ class EngineWatch:
         """The last snapshot if it is fresh (a page is open), else None."""
         latest = self.latest
         return latest[1] if latest and time.monotonic() - latest[0] <= max_age_s else None
+
+
+async def snapshot_events(watch: EngineWatch, alive: Callable[[], bool],
+                          keep_alive_s: float = 1.0) -> AsyncIterator[str]:
+    """Server-sent events for one reader: `data: SNAPSHOT` as they come, `: idle` comments while
+    none does (so a gone client is noticed at the next write), until `alive()` turns false.
+    Subscribed inside the generator, so whatever ends it (the client leaving too) unsubscribes."""
+    try:
+        watcher = watch.subscribe(asyncio.get_running_loop())
+    except TooManyWatchersError:
+        return
+    try:
+        while alive():
+            try:
+                data = await asyncio.wait_for(watcher.queue.get(), keep_alive_s)
+            except asyncio.TimeoutError:
+                yield ": idle\n\n"
+                continue
+            yield f"data: {data}\n\n"
+    finally:
+        watch.unsubscribe(watcher)

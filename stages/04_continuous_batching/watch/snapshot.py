@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 
+from course.s01_decode_loop.measure import percentile
 from course.s04_continuous_batching.request import Status
 
 # block states, least to most notable (a cell of several blocks shows the largest)
@@ -53,13 +54,6 @@ def pool_json(states: bytearray, preempted: set[int] = frozenset(), max_cells: i
             "runs": runs, "preempted_cells": sorted({b // group for b in preempted}), "counts": counts}
 
 
-def percentile(values, q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
 
@@ -90,8 +84,8 @@ def series_json(window, spec_delta: tuple[int, int] | None, kv_usage: float) -> 
             "phases_ms": {phase: per_step(s) for phase, s in window.phase_s.items()},
             "tokens_per_step": window.batched_tokens / steps if steps else None,
             "output_tok_s": window.emitted_tokens / elapsed,
-            "ttft_p50_ms": ms(percentile(window.ttft_s, 0.5)), "ttft_p99_ms": ms(percentile(window.ttft_s, 0.99)),
-            "tpot_p50_ms": ms(percentile(window.tpot_s, 0.5)), "tpot_p99_ms": ms(percentile(window.tpot_s, 0.99)),
+            "ttft_p50_ms": ms(percentile(window.ttft_s, 50)), "ttft_p99_ms": ms(percentile(window.ttft_s, 99)),
+            "tpot_p50_ms": ms(percentile(window.tpot_s, 50)), "tpot_p99_ms": ms(percentile(window.tpot_s, 99)),
             "kv_usage": kv_usage, "spec_acceptance": accepted / proposed if proposed else None}
 
 

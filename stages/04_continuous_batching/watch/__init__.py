@@ -1,0 +1,17 @@
+"""Watching the engine work: snapshots of the batch, the KV block pool and the queues.
+
+    engine thread, end of each loop turn: EngineWatch.turn(engine)  (engine_watch.py)
+        nobody watching ─> nothing (no clock on the step, no snapshot)
+        someone watching ─> StepClock times the step's phases (step_clock.py); a few times a
+                            second build_snapshot (snapshot.py) reads the scheduler and the pool
+    a reader (a page, a notebook) ─> snapshot_events: the snapshots as server-sent events
+
+It needs only this stage's engine: the final server's /dashboard draws these snapshots, stage
+07's workers serve them per worker, and a notebook can build one between two steps.
+Read in this order: snapshot.py, step_clock.py, engine_watch.py.
+"""
+from .engine_watch import EngineWatch, TooManyWatchersError, snapshot_events
+from .snapshot import build_snapshot
+from .step_clock import StepClock
+
+__all__ = ["EngineWatch", "StepClock", "TooManyWatchersError", "build_snapshot", "snapshot_events"]

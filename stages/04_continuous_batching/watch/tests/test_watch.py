@@ -1,0 +1,71 @@
+"""Snapshots of this stage's engine: nothing is built or timed while nobody watches; with a reader,
+the rows, the pool and a preemption show, and the event stream ends cleanly when its reader leaves."""
+import asyncio
+import json
+
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import tiny_model
+from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s04_continuous_batching.watch import EngineWatch, snapshot_events
+
+PHASES = {"step", "_schedule", "_run", "_postprocess"}
+
+
+def engine_of(byte_tok, num_blocks=64):
+    return LLMEngine(tiny_model("gqa_tied"), byte_tok, EngineConfig(num_blocks=num_blocks, block_size=4))
+
+
+def params(n=12):
+    return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
+
+
+def test_nobody_watching_costs_nothing(byte_tok):
+    engine, watch = engine_of(byte_tok), EngineWatch()
+    engine.add_request([1, 2, 3, 4, 5], params())
+    while engine.has_unfinished():
+        engine.step()
+        watch.turn(engine)
+    assert watch.snapshots_built == 0 and not PHASES & vars(engine).keys()
+
+
+def test_a_reader_sees_rows_the_pool_and_a_preemption_and_the_clock_goes_with_it(byte_tok):
+    engine, watch = engine_of(byte_tok, num_blocks=12), EngineWatch(min_interval_s=0, max_cost_share=float("inf"))
+    loop = asyncio.new_event_loop()
+    reader = watch.subscribe(loop)
+    watch.turn(engine)
+    assert PHASES <= vars(engine).keys()  # the clock is on while someone reads
+    for tail in (20, 21):
+        engine.add_request(list(range(1, 17)) + [tail], params(24))
+    snaps = []
+    while engine.has_unfinished():
+        engine.step()
+        watch.turn(engine)
+        loop.run_until_complete(asyncio.sleep(0))
+        while not reader.queue.empty():
+            snaps.append(json.loads(reader.queue.get_nowait()))
+    busy = next(s for s in snaps if s["num_running"] == 2)
+    assert {r["kind"] for r in busy["running"]} <= {"prefill", "decode"}
+    assert busy["pool"]["counts"]["used"] + busy["pool"]["counts"]["shared"] > 0
+    assert engine.scheduler.num_preemptions > 0 and any(s["preempted_now"] for s in snaps)
+    assert snaps[-1]["num_running"] == 0 and snaps[-1]["pool"]["counts"]["used"] == 0
+    watch.unsubscribe(reader)
+    watch.turn(engine)
+    assert not PHASES & vars(engine).keys()
+    loop.close()
+
+
+def test_the_event_stream_sends_snapshots_and_unsubscribes_when_closed(byte_tok):
+    engine, watch = engine_of(byte_tok), EngineWatch(min_interval_s=0, max_cost_share=float("inf"))
+
+    async def read_two():
+        events = snapshot_events(watch, lambda: True, keep_alive_s=0.05)
+        first = await anext(events)  # nothing built yet: a keep-alive comment
+        watch.turn(engine)           # the engine thread's turn: one snapshot for the reader
+        second = await anext(events)
+        await events.aclose()        # the client left
+        return first, second
+
+    first, second = asyncio.run(read_two())
+    assert first == ": idle\n\n" and second.startswith("data: {")
+    assert json.loads(second[len("data: "):])["engine"]["num_blocks"] == 64
+    assert watch.watching == 0
