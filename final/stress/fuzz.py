@@ -249,9 +249,13 @@ def send(http: httpx.Client, route: str, content: bytes, deadline_s: float) -> t
                 return (code, f"error event in a stream: {e[:300]}") if code >= 500 else (200, None)
         return 200, None
     answer = json.loads(raw)
-    if not answer.get("choices"):
-        return 200, f"a 200 without choices: {raw[:300]!r}"
+    key = ANSWER_KEYS.get(route, "choices")  # /tokenize and /detokenize answer in vLLM's shapes
+    if key not in answer or (key == "choices" and not answer["choices"]):
+        return 200, f"a 200 without {key}: {raw[:300]!r}"
     return 200, None
+
+
+ANSWER_KEYS = {"/tokenize": "tokens", "/detokenize": "prompt"}
 
 
 # ---- generated cases ------------------------------------------------------------------------

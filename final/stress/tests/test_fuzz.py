@@ -31,3 +31,21 @@ def test_fuzz_checks_would_catch_a_bad_server(byte_tok):
         for body in (b"crash", b"detail", b"hang"):
             check_case(http, body.decode(), "/v1/completions", body, report, deadline_s=1)
     assert (report.server_errors, report.hangs, len(report.violations)) == (1, 1, 3)
+
+
+def test_fuzz_judges_each_route_by_its_own_answer():
+    """/tokenize answers tokens, not choices (vLLM's shape): a whole answer there is no violation,
+    while a completion without choices, or a tokenize answer without tokens, is one."""
+    answers = {"/tokenize": {"count": 2, "max_model_len": 8, "tokens": [1, 2]}, "/v1/completions": {"id": "x"}}
+
+    def app(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"status": "ok"})
+        return httpx.Response(200, json=answers[request.url.path] if request.content != b"empty" else {})
+    report = FuzzReport()
+    with httpx.Client(base_url="http://fake", transport=httpx.MockTransport(app)) as http:
+        check_case(http, "tokens", "/tokenize", b"{}", report, deadline_s=1)
+        assert report.violations == []
+        check_case(http, "no tokens", "/tokenize", b"empty", report, deadline_s=1)
+        check_case(http, "no choices", "/v1/completions", b"{}", report, deadline_s=1)
+    assert [v.split(":")[0] for v in report.violations] == ["no tokens", "no choices"]
