@@ -165,9 +165,12 @@ def test_the_course_map_quotes_each_notebooks_saved_run(name, time):
 #     | single stream, this engine | 48.8 tok/s | `results/bench_peers.json` `single.ours.tok_s` |
 #
 # The results cell names a JSON file (relative to the README's folder) and the key path of the
-# value in it (dots; list items by number). The value shown must be what the file holds, rounded
-# as written (a `%` value may be stored as a fraction), and the JSON must say which command wrote
-# it, a command the README quotes too. So a figure cannot drift from the run that made it.
+# value in it: dict keys joined by dots, and a row of a list picked by its name in brackets,
+# `rows[chat/eagle/k=1].speedup` (the row whose "name" is "chat/eagle/k=1"), never by its
+# position, so a rerun that adds a row cannot point a figure at another one. The value shown
+# must be what the file holds, rounded as written (a `%` value may be stored as a fraction), and
+# the JSON must say which command wrote it, a command the README quotes too. So a figure cannot
+# drift from the run that made it.
 README_WITH_FIGURES = sorted(ROOT.glob("stages/*/README.md")) + [ROOT / "final" / "README.md"]
 FIGURE_ROW = re.compile(r"^\|(?P<what>[^|]+)\|(?P<value>[^|]+)\|\s*`(?P<file>[^`]+\.json)`\s*`(?P<key>[^`]+)`\s*\|\s*$",
                         re.M)
@@ -183,10 +186,34 @@ def headline_table(readme: Path) -> tuple[list[re.Match], str]:
     return list(FIGURE_ROW.finditer(table.group(1))), body
 
 
+KEY_PART = re.compile(r"\[(?P<name>[^\]]+)\]|(?P<key>[^.\[\]]+)")
+
+
 def lookup(data, key: str):
-    for part in key.split("."):
-        data = data[int(part)] if isinstance(data, list) else data[part]
+    """The value at `key` in `data`: `a.b` walks dict keys, `rows[NAME]` picks the one row of the
+    list `rows` whose "name" is NAME. A list indexed by position is refused."""
+    for part in KEY_PART.finditer(key):
+        if part["name"] is not None:
+            assert isinstance(data, list), f"[{part['name']}] names a row, but this is not a list of rows"
+            found = [row for row in data if isinstance(row, dict) and row.get("name") == part["name"]]
+            assert len(found) == 1, f"{len(found)} rows are named {part['name']!r} (names: " \
+                                    f"{[row.get('name') for row in data if isinstance(row, dict)][:12]})"
+            data = found[0]
+        else:
+            assert not isinstance(data, list), \
+                f"{key}: a list's row is picked by its name in brackets (rows[NAME]), never by position ({part['key']})"
+            data = data[part["key"]]
     return data
+
+
+def test_figure_keys_name_rows_and_refuse_positions():
+    data = {"rows": [{"name": "chat/k=1", "x": 1.5}, {"name": "code/k=1", "x": 2.5}], "batches": {"8": {"s": 3}}}
+    assert lookup(data, "rows[code/k=1].x") == 2.5
+    assert lookup(data, "batches.8.s") == 3  # a dict key that happens to be a number is a name
+    with pytest.raises(AssertionError, match="by its name"):
+        lookup(data, "rows.1.x")
+    with pytest.raises(AssertionError, match="0 rows are named"):
+        lookup(data, "rows[chat/k=2].x")
 
 
 def shown_equals(shown: str, stored) -> bool:

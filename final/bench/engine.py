@@ -30,10 +30,10 @@ import time
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import sample_requests
+from course.s01_decode_loop.bench.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .load import plot_rates, run_rates

@@ -40,7 +40,7 @@ import time
 import torch
 
 from course.s01_decode_loop.config import ModelConfig
-from course.s01_decode_loop.measure import bench_cli, write_json
+from course.s01_decode_loop.bench.measure import bench_cli, write_json
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer

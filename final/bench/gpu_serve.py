@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from course.s01_decode_loop.measure import write_json
+from course.s01_decode_loop.bench.measure import write_json
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 99},

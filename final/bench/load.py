@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from course.s01_decode_loop.workloads import arrival_times
-from course.s04_continuous_batching.benchmark import serve, serve_hf, summarize
+from course.s01_decode_loop.bench.workloads import arrival_times
+from course.s04_continuous_batching.bench.benchmark import serve, serve_hf, summarize
 
 from ..engine import SpeculativeConfig
 

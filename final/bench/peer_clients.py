@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from course.s01_decode_loop.workloads import load_conversations
+from course.s01_decode_loop.bench.workloads import load_conversations
 
 HERE = Path(__file__).parent
 

@@ -42,7 +42,7 @@ import httpx
 import torch
 
 from course.s01_decode_loop.default_model import ensure_default_model
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
 from .peer_clients import sharegpt_file, vllm_client
 from .serving import percentile, run, sharegpt_requests

@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import load_conversations, sample_requests
+from course.s01_decode_loop.bench.workloads import load_conversations, sample_requests
 
 from .profile import profile
 from ..engine import Engine

@@ -42,10 +42,10 @@ import torch
 from torch import nn
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import sample_requests
+from course.s01_decode_loop.bench.workloads import sample_requests
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s06_kernels_graphs.cpu.int8_linear import Int8Linear
 from course.s06_kernels_graphs.cpu.bench_cpu_kernels import time_products

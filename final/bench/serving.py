@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
-from course.s01_decode_loop.measure import bench_cli, percentile
-from course.s01_decode_loop.workloads import arrival_times
+from course.s01_decode_loop.bench.measure import bench_cli, percentile
+from course.s01_decode_loop.bench.workloads import arrival_times
 
 
 @dataclass
@@ -144,7 +144,7 @@ def sharegpt_requests(tokenizer_path: str | None, n: int, seed: int, max_prompt:
     from transformers import AutoTokenizer
 
     from course.s01_decode_loop.default_model import ensure_default_model
-    from course.s01_decode_loop.workloads import sample_requests
+    from course.s01_decode_loop.bench.workloads import sample_requests
 
     tok = AutoTokenizer.from_pretrained(tokenizer_path or ensure_default_model())
     return [(r.prompt, r.output_len) for r in sample_requests(tok, n, seed, max_prompt, max_output)]

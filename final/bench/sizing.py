@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from course.s01_decode_loop.workloads import load_conversations
+from course.s01_decode_loop.bench.workloads import load_conversations
 
 MAX_PROMPT_TOKENS, MAX_TOTAL_TOKENS, OUTPUT_TOKENS = 1024, 2048, 128
 

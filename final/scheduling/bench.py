@@ -16,7 +16,7 @@ import argparse
 import dataclasses
 import time
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s04_continuous_batching.engine import EngineConfig
 
 from .cost_model import MEASURED_CPU, gpu_like, load

@@ -7,7 +7,7 @@ import statistics
 
 
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.workloads import arrival_times, sample_requests
+from course.s01_decode_loop.bench.workloads import arrival_times, sample_requests
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 

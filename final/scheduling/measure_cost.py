@@ -13,7 +13,7 @@ import random
 
 import numpy as np
 
-from course.s01_decode_loop.measure import timed
+from course.s01_decode_loop.bench.measure import timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig

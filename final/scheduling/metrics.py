@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from course.s01_decode_loop.measure import percentile
+from course.s01_decode_loop.bench.measure import percentile
 
 from .cost_model import CostModel
 from .simulator import Completion

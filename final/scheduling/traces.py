@@ -2,7 +2,7 @@
 most answers are short, a few are very long), chat-templated, arriving as a Poisson process."""
 from __future__ import annotations
 
-from course.s01_decode_loop.workloads import arrival_times, sample_requests
+from course.s01_decode_loop.bench.workloads import arrival_times, sample_requests
 
 from .simulator import TraceRequest
 

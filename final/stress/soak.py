@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 import torch
 
-from course.s01_decode_loop.measure import write_json
+from course.s01_decode_loop.bench.measure import write_json
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .moe.experts import naive_experts
 
 
 @dataclass
@@ -50,8 +49,9 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
 
-    # MoE layers' experts beside this backend (moe/experts.py): the loop, unless a backend offers better
-    experts_kernel = staticmethod(naive_experts)
+    # MoE layers' experts: None lets the model run its own (moe/experts.py); a backend that has a
+    # faster kernel for its steps (stage 06's graphed one) offers it here
+    experts_kernel = None
 
     @abstractmethod
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -10,7 +10,7 @@ Both layouts admit requests first come, first served, and stop at the first one 
 fit, the way an FCFS scheduler would. Each request is counted at its peak size, prompt plus
 answer, with the answer capped at max_new_tokens (generation stops there).
 
-The numbers on real ShareGPT lengths: `python -m course.s03_paged.benchmark`.
+The numbers on real ShareGPT lengths: `python -m course.s03_paged.bench.benchmark`.
 """
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 
 from .batch_sampler import sample_batch
-from .moe.grouped import grouped_experts
 from .request import Request
 from .scheduler import Scheduler, SchedulingPolicy
 
@@ -70,7 +69,6 @@ class LLMEngine:
         self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
                                   model.dtype, model.device)
         self.attn = PagedAttention(self.cache)
-        self.attn.experts_kernel = grouped_experts  # MoE layers: a step's rows grouped by expert (moe/)
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.enable_chunked_prefill, policy)

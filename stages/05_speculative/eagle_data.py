@@ -23,7 +23,7 @@ from tqdm import tqdm
 from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.workloads import _first_exchange, load_conversations, sample_requests
+from course.s01_decode_loop.bench.workloads import _first_exchange, load_conversations, sample_requests
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 
 HELDOUT_START = 384  # the held-out prompts are sample_requests(..., seed=0)[384:], as for the first head

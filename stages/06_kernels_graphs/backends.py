@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.attention import AttentionBackend
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
-from course.s04_continuous_batching.moe.grouped import grouped_experts
+from course.s01_decode_loop.moe.grouped import grouped_experts
 
 
 @dataclass

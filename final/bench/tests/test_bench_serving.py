@@ -45,7 +45,7 @@ def test_plot_serving_writes_a_png(server, tmp_path):
 
 def test_guidellm_data_replays_our_requests_and_times(tmp_path):
     from course.final.bench.serving import write_guidellm_data
-    from course.s01_decode_loop.workloads import arrival_times
+    from course.s01_decode_loop.bench.workloads import arrival_times
 
     requests, times = [("a", 3), ("b c", 5)], arrival_times(2, 1.0, 0)
     write_guidellm_data(str(tmp_path / "d.jsonl"), requests, times)

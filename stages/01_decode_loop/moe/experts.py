@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .grouped import grouped_experts
 from .router import route
 
 
@@ -47,10 +48,11 @@ def naive_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids:
 
 
 class SparseMoeBlock(nn.Module):
-    """Drop-in for the dense MLP of a decoder layer. The weighted sum is computed by the
-    attention backend's `experts_kernel(experts, x, weights, ids)`: the naive loop for stage
-    01's backends, a batched one where a later stage's backend offers it (the model asks, it
-    never tests which backend it has)."""
+    """Drop-in for the dense MLP of a decoder layer. The weighted sum over each token's experts is
+    the model's own business: its rows grouped by expert (grouped.py, equal to `naive_experts`,
+    the reference), so one sequence or a whole batched step runs one product per chosen expert.
+    A backend with a faster kernel for its steps offers it as `experts_kernel(experts, x,
+    weights, ids)`; the engine never needs to know the model has experts."""
 
     def __init__(self, config):
         super().__init__()
@@ -64,7 +66,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, attn=None) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.top_k, self.renormalize)
-        kernel = naive_experts if attn is None else attn.experts_kernel
+        kernel = getattr(attn, "experts_kernel", None) or grouped_experts
         out = kernel(self.experts, x, weights.to(x.dtype), ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -7,7 +7,8 @@ from transformers import MixtralConfig, MixtralForCausalLM
 from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.generate import generate_naive
 from course.s01_decode_loop.moe.checkpoint import stack_experts
-from course.s01_decode_loop.moe.experts import SparseMoeBlock
+from course.s01_decode_loop.moe.experts import Experts, SparseMoeBlock, naive_experts
+from course.s01_decode_loop.moe.grouped import grouped_experts
 from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import greedy_reference
@@ -172,3 +173,24 @@ def test_moe_router_without_renormalisation_equals_qwen3_moe():
         ours_w, ours_ids = route(x @ router.weight.T, 2, renormalize=False)
     assert ours_ids.tolist() == hf_ids.tolist() and ours_w.sum(-1).max() < 1
     torch.testing.assert_close(ours_w, hf_weights)
+
+
+def random_experts(num_experts=8, hidden=48, inter=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    experts = Experts(num_experts, hidden, inter)
+    with torch.no_grad():
+        for p in experts.parameters():
+            p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return experts
+
+
+@pytest.mark.parametrize("rows", [1, 3, 17, 64])
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_moe_grouped_equals_naive_loop(rows, top_k):
+    experts = random_experts()
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 48, generator=g)
+    weights, ids = route(torch.randn(rows, 8, generator=g), top_k, renormalize=top_k > 1)
+    with torch.no_grad():
+        torch.testing.assert_close(grouped_experts(experts, x, weights, ids), naive_experts(experts, x, weights, ids),
+                                   atol=1e-5, rtol=1e-5)

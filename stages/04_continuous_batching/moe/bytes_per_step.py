@@ -22,7 +22,7 @@ import argparse
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.moe.router import route
 
 MODELS = {  # layers, hidden, experts, top-k, expert width, attention q/kv heads, head dim, vocab

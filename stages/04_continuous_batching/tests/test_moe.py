@@ -1,39 +1,16 @@
-"""Mixture-of-Experts over a batch (moe/): the grouped experts compute what stage 01's loop
-computes, and an MoE model through the engine gives transformers' greedy ids."""
+"""Mixture-of-Experts through the engine: an MoE model batched, chunked and preempted gives
+transformers' greedy ids (the model groups each step's rows by expert itself: stage 01's
+moe/grouped.py), and the bytes a step reads grow with the batch."""
 import pytest
 import torch
 
-from course.s01_decode_loop.moe.experts import Experts, naive_experts
-from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.moe.testing import tiny_moe_model
 from course.s01_decode_loop.testing import greedy_reference, hf_twin
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
-from course.s04_continuous_batching.moe.grouped import grouped_experts
 
 PROMPT_LENS = [3, 70, 17, 41, 1, 33]
 OUTPUT_LENS = [30, 4, 22, 9, 15, 1]
-
-
-def random_experts(num_experts=8, hidden=48, inter=40, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    experts = Experts(num_experts, hidden, inter)
-    with torch.no_grad():
-        for p in experts.parameters():
-            p.copy_(0.2 * torch.randn(p.shape, generator=g))
-    return experts
-
-
-@pytest.mark.parametrize("rows", [1, 3, 17, 64])
-@pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_moe_grouped_equals_naive_loop(rows, top_k):
-    experts = random_experts()
-    g = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, 48, generator=g)
-    weights, ids = route(torch.randn(rows, 8, generator=g), top_k, renormalize=top_k > 1)
-    with torch.no_grad():
-        torch.testing.assert_close(grouped_experts(experts, x, weights, ids), naive_experts(experts, x, weights, ids),
-                                   atol=1e-5, rtol=1e-5)
 
 
 def prompts(seed=0):

@@ -3,8 +3,8 @@ import math
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
-from course.s01_decode_loop.workloads import arrival_times
-from course.s04_continuous_batching.benchmark import serve, summarize
+from course.s01_decode_loop.bench.workloads import arrival_times
+from course.s04_continuous_batching.bench.benchmark import serve, summarize
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 from course.s04_continuous_batching.static_batching import StaticBatchScheduler
 

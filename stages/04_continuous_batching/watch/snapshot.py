@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import time
 
-from course.s01_decode_loop.measure import percentile
+from course.s01_decode_loop.bench.measure import percentile
 from course.s04_continuous_batching.request import Status
 
 # block states, least to most notable (a cell of several blocks shows the largest)

@@ -178,7 +178,7 @@ def test_benchmark_tells_a_near_tie_from_a_real_difference():
     """The benchmark's equality check: a flip between two tokens whose reference logits are
     within the tolerance is a near tie (rounding), anything else differs."""
     from course.s01_decode_loop.generate import next_token_logits
-    from course.s05_speculative.benchmark import compare
+    from course.s05_speculative.bench.benchmark import compare
 
     model, prompt = tiny_model("gqa_tied"), [5, 9, 2, 7]
     want = [int(next_token_logits(model, prompt).argmax())]

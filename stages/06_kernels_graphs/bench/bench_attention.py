@@ -32,7 +32,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 from ..testing import decode_pool
 from .ceilings import graph_time

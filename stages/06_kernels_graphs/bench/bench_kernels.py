@@ -17,7 +17,7 @@ import argparse
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 from ..decode_attention import paged_decode_attention
 from ..fused_norm import fused_add_rms_norm

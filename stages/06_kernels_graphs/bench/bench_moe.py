@@ -20,10 +20,10 @@ import argparse
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 from course.s01_decode_loop.moe.experts import Experts
 from course.s01_decode_loop.moe.router import route
-from course.s04_continuous_batching.moe.grouped import grouped_experts
+from course.s01_decode_loop.moe.grouped import grouped_experts
 
 from ..gpu.fused_moe import QWEN3_30B_A3B, fused_moe
 from .ceilings import graph_time

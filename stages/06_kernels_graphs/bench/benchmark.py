@@ -23,7 +23,7 @@ import argparse
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.model import CausalLM, init_random_weights
 from course.s01_decode_loop.sampling import SamplingParams

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
 GIB = 1 << 30
 

@@ -27,7 +27,7 @@ import argparse
 import json
 from pathlib import Path
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 HEAD_DIMS = (64, 128)
 READ_SHARE = 0.70    # decode: of the measured read bandwidth

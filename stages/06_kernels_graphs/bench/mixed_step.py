@@ -25,7 +25,7 @@ import traceback
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli, median_of, timed
+from course.s01_decode_loop.bench.measure import bench_cli, median_of, timed
 from course.s01_decode_loop.testing import byte_tokenizer
 
 from ..engine import KernelEngineConfig, LLMEngine

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from course.s01_decode_loop.measure import median_of
+from course.s01_decode_loop.bench.measure import median_of
 
 
 @dataclass

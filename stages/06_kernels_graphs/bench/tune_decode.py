@@ -17,7 +17,7 @@ import itertools
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 from ..decode_attention import BLOCK_N, choose_num_splits, paged_decode_attention
 from .ceilings import graph_time

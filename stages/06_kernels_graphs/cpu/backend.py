@@ -55,7 +55,7 @@ class CpuPagedBackend(TorchPagedBackend):
     def experts_kernel(self, experts, x, weights, ids):
         """MoE layers of an eager float32 step: stage 04's grouped experts, each expert's rows
         through layer.c's products (the dense layers' own: blocked up to 64 rows, MKL past)."""
-        from course.s04_continuous_batching.moe.grouped import grouped_experts
+        from course.s01_decode_loop.moe.grouped import grouped_experts
 
         from .layer import layer_kernel_unavailable, product
 

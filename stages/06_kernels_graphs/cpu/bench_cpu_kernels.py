@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
 from ..backends import TorchPagedBackend
 from .backend import CpuPagedBackend

@@ -25,7 +25,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
 from .split_linear import split_matmul
 

@@ -20,7 +20,7 @@ import argparse
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli, median_of
+from course.s01_decode_loop.bench.measure import bench_cli, median_of
 from course.s01_decode_loop.moe.experts import Experts
 from course.s01_decode_loop.moe.router import route
 from course.s01_decode_loop.testing import TINY_CONFIGS

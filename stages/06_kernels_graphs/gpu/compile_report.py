@@ -68,7 +68,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 MODULE = "course.s06_kernels_graphs.gpu.compile_report"
 ROOM_MODULES = ("course.s06_kernels_graphs.gpu.decode_attention",

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 
-from course.s01_decode_loop.measure import bench_cli, percentile
+from course.s01_decode_loop.bench.measure import bench_cli, percentile
 
 from ..cli import resolve_model_dir
 from ..dispatcher import Dispatcher

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 
 from course.s01_decode_loop.config import ModelConfig
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine

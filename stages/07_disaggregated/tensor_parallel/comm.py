@@ -16,7 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from course.s01_decode_loop.measure import sync
+from course.s01_decode_loop.bench.measure import sync
 
 
 class TensorParallelError(RuntimeError):

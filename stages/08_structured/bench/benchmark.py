@@ -23,7 +23,7 @@ import random
 
 import numpy as np
 
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 
 from ..frontends.ebnf import parse_ebnf
 from ..automaton import compile_automaton

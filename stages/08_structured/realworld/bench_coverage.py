@@ -30,7 +30,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 
 PACKAGE, VERSION = "check-jsonschema", "0.39.0"
 VENDOR_DIR = "check_jsonschema/builtin_schemas/vendor/"

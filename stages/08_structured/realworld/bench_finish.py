@@ -24,7 +24,7 @@ from pathlib import Path
 
 import jsonschema
 
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 REALWORLD = Path(__file__).parent / "schemas"
 PROMPT = ("Reply with one JSON object that matches this JSON schema. Fill in realistic values.\n"

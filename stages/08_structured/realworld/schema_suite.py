@@ -35,7 +35,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from course.s01_decode_loop.default_model import cache_root
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 
 from ..automaton import compile_automaton
 from ..json_schema import (MODES, STRICT, EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,

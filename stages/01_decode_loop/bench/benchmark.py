@@ -1,6 +1,6 @@
 """Benchmark: the naive loop (no KV cache) vs transformers' generate, side by side.
 
-    python -m course.s01_decode_loop.benchmark [--new-tokens 32 128] [--results | --json out.json]
+    python -m course.s01_decode_loop.bench.benchmark [--new-tokens 32 128] [--results | --json out.json]
 
 Rows: our naive loop; transformers `generate(use_cache=False)`, the same algorithm in a
 library; and transformers `generate` with its KV cache, the preview of stage 02. Greedy,
@@ -12,10 +12,10 @@ import argparse
 
 import torch
 
-from .generate import encode_prompt, generate_naive
+from ..generate import encode_prompt, generate_naive
 from .measure import bench_cli, best_of, write_json  # noqa: F401  (write_json: imported by later stages)
-from .sampling import SamplingParams
-from .weights import load_model
+from ..sampling import SamplingParams
+from ..weights import load_model
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -66,7 +66,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 main = bench_cli(__doc__, add_args, lambda args: {"rows": run(args.new_tokens, args.repeats)},
-                 lambda result: print_table(result["rows"]), module="course.s01_decode_loop.benchmark")
+                 lambda result: print_table(result["rows"]), module="course.s01_decode_loop.bench.benchmark")
 
 
 if __name__ == "__main__":

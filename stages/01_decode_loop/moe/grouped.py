@@ -1,7 +1,8 @@
-"""The experts of one MoE layer for a whole step's rows, grouped by expert.
+"""The experts of one MoE layer for many rows at once, grouped by expert: how the model computes
+its experts, for one sequence or for a whole batched step (stage 04's engine asks nothing).
 
-Stage 01's loop runs each token through each of its k experts: T * k products of one row,
-every one streaming its expert's weights again. Here the T * k (token, expert) pairs are
+The reference loop (`naive_experts`) runs each token through each of its k experts: T * k
+products of one row, every one streaming its expert's weights again. Here the T * k (token, expert) pairs are
 sorted by expert once, so each expert that any token chose runs ONE product over all of its
 rows, and the weighted results go back to their tokens with one index_add:
 
@@ -10,8 +11,8 @@ rows, and the weighted results go back to their tokens with one index_add:
     out.index_add_(token of each pair, weight * result)
 
 A step reads each chosen expert once: at one token that is k experts, at many tokens every
-expert (bytes.py counts how fast the distinct experts grow with the batch). Same signature
-as stage 01's `naive_experts`, offered to the model through the attention backend.
+expert (stage 04's moe/bytes_per_step.py counts how fast the distinct experts grow with the
+batch). Same signature as `naive_experts`, which the tests check it against.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Load benchmark: requests arriving as a Poisson process, served by each scheduler in turn.
 
-    python -m course.s04_continuous_batching.benchmark [--requests 16] [--rates 0.5 2 inf]
+    python -m course.s04_continuous_batching.bench.benchmark [--requests 16] [--rates 0.5 2 inf]
                                                         [--max-output 32] [--results | --json out.json]
 
 Requests are real ShareGPT prompts with their real answer lengths (capped at --max-output so a
@@ -24,14 +24,14 @@ import time
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli, percentile, timed
+from course.s01_decode_loop.bench.measure import bench_cli, percentile, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import arrival_times, sample_requests
+from course.s01_decode_loop.bench.workloads import arrival_times, sample_requests
 
-from .engine import EngineConfig, LLMEngine
-from .scheduler import Scheduler
-from .static_batching import StaticBatchScheduler
+from ..engine import EngineConfig, LLMEngine
+from ..scheduler import Scheduler
+from ..static_batching import StaticBatchScheduler
 
 MAX_BATCH = 8
 
@@ -158,7 +158,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 main = bench_cli(__doc__, add_args, lambda args: run(args.requests, args.rates, args.max_output, args.budget),
-                 print_report, module="course.s04_continuous_batching.benchmark")
+                 print_report, module="course.s04_continuous_batching.bench.benchmark")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: stage 01's naive loop vs the KV-cached loop, side by side in one run.
 
-    python -m course.s02_kv_cache.benchmark [--new-tokens 32 128 512] [--results | --json out.json]
+    python -m course.s02_kv_cache.bench.benchmark [--new-tokens 32 128 512] [--results | --json out.json]
 
 Same prompt, greedy, float32, batch 1, the default model, warm-up excluded. For each length:
 total time, TTFT, TPOT and the ratio naive/cached; transformers' cached `generate` as the
@@ -14,11 +14,11 @@ import argparse
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt, generate_naive
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 
-from .generate import generate_cached
+from ..generate import generate_cached
 
 PROMPT = "Write a short story about a robot who learns to paint."
 
@@ -83,7 +83,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 main = bench_cli(__doc__, add_args, lambda args: run(args.new_tokens), print_report,
-                 module="course.s02_kv_cache.benchmark")
+                 module="course.s02_kv_cache.bench.benchmark")
 
 
 if __name__ == "__main__":

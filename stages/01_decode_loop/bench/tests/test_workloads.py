@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from course.s01_decode_loop import workloads
-from course.s01_decode_loop.workloads import (DatasetError, Request, iter_json_array, load_conversations,
+from course.s01_decode_loop.bench import workloads
+from course.s01_decode_loop.bench.workloads import (DatasetError, Request, iter_json_array, load_conversations,
                                               salvage_conversations, sample_requests)
 
 

@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -91,11 +92,27 @@ def percentile(values, q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def code_version() -> str | None:
+    """The commit the measured code was at (`git rev-parse`), `+dirty` when files differ from
+    it; None outside a git checkout."""
+    here = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                                text=True, timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
+
+
 def write_json(path: str | Path, result) -> None:
-    """The result, indented; a dict result is stamped with the machine and the command line."""
+    """The result, indented; a dict result is stamped with the machine, the command line and the
+    commit of the code that measured it."""
     if isinstance(result, dict):
         result = {**result, "machine": result.get("machine", machine()),
-                  "command": result.get("command", command_line())}
+                  "command": result.get("command", command_line()),
+                  "commit": result.get("commit", code_version())}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
@@ -111,7 +128,7 @@ def command_line() -> str:
 
 def results_path(module: str) -> Path:
     """Where `--results` writes: the stage's (or final/'s) results/ folder, named for the module.
-    `course.s04_continuous_batching.benchmark` -> stages/04_continuous_batching/results/benchmark.json."""
+    `course.s04_continuous_batching.bench.benchmark` -> stages/04_continuous_batching/results/benchmark.json."""
     package = sys.modules[module.rsplit(".", 1)[0]]
     folder = Path(package.__file__).resolve().parent
     while folder.parent.name != "stages" and folder.name != "final":  # up from a sub-package

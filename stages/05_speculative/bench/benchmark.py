@@ -1,8 +1,8 @@
 """Speculative decoding on three workloads, every method, k = 1..6, against stage 02 in one run.
 
-    python -m course.s05_speculative.benchmark [--prompts 2] [--max-new-tokens 64] [--ks 1 2 3 4 5 6]
+    python -m course.s05_speculative.bench.benchmark [--prompts 2] [--max-new-tokens 64] [--ks 1 2 3 4 5 6]
                                                [--methods draft lookup eagle eagle-tree] [--results | --json out.json]
-    python -m course.s05_speculative.benchmark --verify-cost   # what a k-token verify costs here
+    python -m course.s05_speculative.bench.benchmark --verify-cost   # what a k-token verify costs here
 
 Workloads (batch 1, greedy, the default model, chat template):
   chat       ShareGPT first turns the EAGLE head never saw (its training run's held-out split)
@@ -24,17 +24,17 @@ import os
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt, next_token_logits
-from course.s01_decode_loop.measure import bench_cli, median_of, timed
+from course.s01_decode_loop.bench.measure import bench_cli, median_of, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import load_conversations, sample_requests
+from course.s01_decode_loop.bench.workloads import load_conversations, sample_requests
 from course.s02_kv_cache.generate import stream_cached
 
-from .draft_model import DraftModelDrafter, truncated_model
-from .eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
-from .prompt_lookup import PromptLookupDrafter
-from .speculative import SpecStats, stream_speculative, stream_tree_speculative
+from ..draft_model import DraftModelDrafter, truncated_model
+from ..eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
+from ..prompt_lookup import PromptLookupDrafter
+from ..speculative import SpecStats, stream_speculative, stream_tree_speculative
 
 JSON_SUBJECTS = ["the planet Mars", "a cup of coffee", "the Python programming language", "a mountain bike",
                  "the city of Paris", "a honeybee"]
@@ -128,7 +128,7 @@ def verify_cost(model, context: int = 128, widths=(1, 2, 3, 4, 5, 7, 17), reps: 
     from course.s02_kv_cache.generate import forward_step
     from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 
-    from .speculative import forward_hidden
+    from ..speculative import forward_hidden
 
     cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
     forward_step(model, ContiguousKVAttention(cache), list(range(100, 100 + context)))
@@ -182,7 +182,7 @@ def report(result: dict) -> None:
         print(f"forward over {width:2} tokens: {seconds * 1e3:6.1f} ms = {seconds / costs[1]:.2f}x one token")
 
 
-main = bench_cli(__doc__, add_args, run_cli, report, module="course.s05_speculative.benchmark")
+main = bench_cli(__doc__, add_args, run_cli, report, module="course.s05_speculative.bench.benchmark")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Benchmark: what paging and prefix caching buy, measured in one run.
 
-    python -m course.s03_paged.benchmark [--requests 500] [--questions 6] [--results | --json out.json]
+    python -m course.s03_paged.bench.benchmark [--requests 500] [--questions 6] [--results | --json out.json]
 
 1. Memory: how many ShareGPT requests fit at once in a fixed KV budget, with stage 02's
    contiguous reservation of prompt + max_new_tokens vs paged blocks (a simulation, no model).
@@ -14,14 +14,14 @@ import argparse
 import statistics
 
 from course.s01_decode_loop.generate import encode_prompt
-from course.s01_decode_loop.measure import bench_cli
+from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
-from course.s01_decode_loop.workloads import load_conversations, sample_requests
+from course.s01_decode_loop.bench.workloads import load_conversations, sample_requests
 
-from .engine import PagedGenerator
-from .memory_sim import simulate
+from ..engine import PagedGenerator
+from ..memory_sim import simulate
 
 QUESTIONS = ["What is this text about?", "Summarize it in one sentence.", "Who is the intended reader?",
              "List three key terms it uses.", "What would you ask the author?", "Is anything unclear?",
@@ -106,7 +106,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 main = bench_cli(__doc__, add_args, run, lambda result: print_report(result["memory"], result["prefix"]),
-                 module="course.s03_paged.benchmark")
+                 module="course.s03_paged.bench.benchmark")
 
 
 if __name__ == "__main__":

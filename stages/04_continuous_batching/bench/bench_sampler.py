@@ -1,6 +1,6 @@
 """Per-row sampling vs the batched sampler, side by side in one run.
 
-    python -m course.s04_continuous_batching.bench_sampler [--batch 1 8 32 64] [--vocab 49152]
+    python -m course.s04_continuous_batching.bench.bench_sampler [--batch 1 8 32 64] [--vocab 49152]
                                                             [--reps 20] [--device cpu] [--threads 2 1]
                                                             [--results | --json out.json]
 
@@ -19,12 +19,12 @@ import statistics
 
 import torch
 
-from course.s01_decode_loop.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import byte_tokenizer
 
-from .batch_sampler import sample_batch
+from ..batch_sampler import sample_batch
 
 
 def mixed_rows(batch: int) -> list[SamplingParams]:
@@ -79,7 +79,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 main = bench_cli(__doc__, add_args, lambda args: run(args.batch, args.vocab, args.reps, args.device, args.threads),
-                 print_report, module="course.s04_continuous_batching.bench_sampler")
+                 print_report, module="course.s04_continuous_batching.bench.bench_sampler")
 
 
 if __name__ == "__main__":

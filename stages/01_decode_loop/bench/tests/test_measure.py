@@ -1,0 +1,32 @@
+"""The one percentile every benchmark and the dashboard report: numpy's default (linear
+interpolation between the closest ranks), q in 0..100, None for no values."""
+import random
+
+import numpy as np
+import pytest
+
+from course.s01_decode_loop.bench.measure import percentile
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 100])
+def test_percentile_matches_numpy(n):
+    xs = [random.Random(n).random() for _ in range(n)]
+    for q in (0, 25, 50, 90, 99, 100):
+        assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+    assert percentile([], 50) is None
+
+
+def test_results_are_stamped_with_machine_command_and_commit(tmp_path):
+    import json
+    import subprocess
+
+    from course.s01_decode_loop.bench.measure import write_json
+
+    write_json(tmp_path / "r.json", {"rows": [{"name": "a", "x": 1}]})
+    stamped = json.loads((tmp_path / "r.json").read_text())
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if head:  # a git checkout: the commit of the code, `+dirty` if it was edited
+        assert stamped["commit"].split("+")[0] == head
+    else:     # a copy without git history says so rather than inventing one
+        assert stamped["commit"] is None
+    assert stamped["command"].startswith("python -m") and stamped["machine"]["cores"] >= 1
