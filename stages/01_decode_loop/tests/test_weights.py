@@ -91,3 +91,48 @@ def test_weights_real_model_has_the_documented_shape(smollm2):
     assert smollm2.eos_token_ids == [2]
     assert "<|im_start|>" in smollm2.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+
+
+def test_weights_first_use_converts_once_under_a_lock(tmp_path, monkeypatch):
+    """Two processes starting at once on a fresh machine (two servers, two test workers) must not
+    convert into the same folder together: the conversion runs holding the cache's lock, and a
+    process that waited for the lock finds the folder made and converts nothing."""
+    import fcntl
+
+    monkeypatch.setenv("COURSE_MODEL_CACHE", str(tmp_path))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("COURSE_SMOLLM2_GGUF", str(gguf))
+    out = default_model.default_model_dir()
+    held, converted = [], []
+
+    def fake_convert(src, dest):
+        with open(tmp_path / f".{dest.name}.lock", "w") as probe:  # a second opener is shut out
+            try:
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        dest.mkdir(parents=True)
+        for name in default_model.REQUIRED_FILES:
+            (dest / name).write_text("{}")
+        converted.append(dest)
+
+    monkeypatch.setattr(default_model, "convert_gguf", fake_convert)
+    assert default_model.ensure_default_model() == out
+    assert default_model.ensure_default_model() == out
+    assert converted == [out] and held == [True]
+
+    # the process that waited: the folder appeared while it queued for the lock
+    other = tmp_path / "other"
+    monkeypatch.setenv("COURSE_MODEL_CACHE", str(other))
+    real_lock = default_model.cache_lock
+
+    def lock_after_the_other_process(name):
+        fake_convert(None, other / "SmolLM2-135M-Instruct")  # the other process, done first
+        return real_lock(name)
+
+    monkeypatch.setattr(default_model, "cache_lock", lock_after_the_other_process)
+    converted.clear()
+    default_model.ensure_default_model()
+    assert converted == [other / "SmolLM2-135M-Instruct"]  # only the other process's conversion
