@@ -65,7 +65,7 @@ def run_with_the_switch(*tests: str, only: list[str] = ()) -> str:
     """Run the stage's tests with its stubs in place; `only`: just these tests (the ones that must fail)."""
     select = ["-k", " or ".join(only)] if only else []
     run = subprocess.run([sys.executable, "-m", "pytest", *tests, *select, "--exercise", "-p", "no:cacheprovider",
-                          "--tb=line", "-rf"],
+                          "--tb=line", "-rf", "-n", "0"],  # in this process: the outer run is already parallel
                          cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = run.stdout + run.stderr
