@@ -1,7 +1,7 @@
 """Train the EAGLE head: the target's features over ShareGPT answers, a reduced draft vocabulary,
 and training-time test (the head trained on its own chained predictions).
 
-    python -m course.s05_speculative.train_eagle     # ~1 h on 2 CPU cores, minutes on a GPU
+    python -m course.s05_speculative.training.train_eagle     # ~1 h on 2 CPU cores, minutes on a GPU
 
 Steps, each saved in --work so an interrupted run resumes where it stopped:
   1. train.jsonl, eval.jsonl   ShareGPT first exchanges (chat template + the recorded answer) to
@@ -32,7 +32,7 @@ from course.s01_decode_loop.attention import AttentionMetadata
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.weights import load_model
 
-from .eagle import DEFAULT_HEAD, EagleHead
+from ..eagle import DEFAULT_HEAD, EagleHead
 from .eagle_data import (cached_jsonl, draft_vocabulary, heldout_prompts, packed_groups, sharegpt_samples,
                          target_answers, target_features)
 from .eagle_training import accepted_lengths, chain_hits, rows_with_base, step_losses, unrolled_predictions
@@ -71,7 +71,7 @@ def evaluate(head, target, samples, feats, device, k: int, batch_tokens: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.s05_speculative.train_eagle", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.s05_speculative.training.train_eagle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="the target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", type=int, default=1200, help="ShareGPT conversations to train on")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     head.save(args.out)  # measured as shipped: weights rounded to bfloat16
     head = EagleHead.load(args.out, target)
     result = evaluate(head, target, eval_samples, eval_feats, args.device, args.eval_k, args.batch_tokens)
-    command = "python -m course.s05_speculative.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m course.s05_speculative.training.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"heldout_top1": f"{result['top1']:.4f}",
             f"heldout_accepted_length_k{args.eval_k}": f"{result[f'accepted_length_k{args.eval_k}']:.4f}",
             "train_conversations": args.prompts, "answer_tokens": args.answer_tokens, "epochs": args.epochs,

@@ -1,0 +1,16 @@
+"""Fixtures for stage 05's tests (the CLI's and the trainer's)."""
+import pytest
+
+from course.s01_decode_loop.testing import byte_tokenizer, save_hf_folder, tiny_model
+
+
+@pytest.fixture(scope="session")
+def chat_folder(tmp_path_factory):
+    """A tiny model (mha_untied) whose tokenizer has a chat template (the trainer formats prompts
+    as chat). Its own tokenizer: the session's shared one keeps no template."""
+    path = tmp_path_factory.mktemp("tiny_chat")
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    save_hf_folder(tiny_model("mha_untied"), tokenizer, path)
+    return path
