@@ -1,5 +1,6 @@
 """Fixtures for stage 05's tests (the CLI's and the trainer's)."""
 import pytest
+import torch
 
 from course.s01_decode_loop.testing import byte_tokenizer, save_hf_folder, tiny_model
 
@@ -14,3 +15,14 @@ def chat_folder(tmp_path_factory):
                                "{% if add_generation_prompt %}assistant:{% endif %}")
     save_hf_folder(tiny_model("mha_untied"), tokenizer, path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """This stage's tests run tiny models, which a second thread does not speed up; and where other
+    work shares the two cores, two threads wait for each other at every op (a tiny step ran 50x
+    slower so, measured). So each test runs on one thread, and the count is put back after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -20,6 +20,7 @@ two figures for any head (the one shipped before, say), on the same data.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import sys
@@ -98,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(args.model, device=args.device)
     target, tok = loaded.model.requires_grad_(False), loaded.tokenizer
 
-    prompts = heldout_prompts(tok, args.eval_prompts, args.max_prompt_tokens)
+    # the held-out prompts, chosen only when a step still to make needs them (a resumed run does not)
+    prompts = functools.cache(lambda: heldout_prompts(tok, args.eval_prompts, args.max_prompt_tokens))
     eval_samples = cached_jsonl(args.work / "eval.jsonl",
-                                lambda: target_answers(loaded, [encode_prompt(tok, x, chat=True) for x in prompts],
+                                lambda: target_answers(loaded, [encode_prompt(tok, x, chat=True) for x in prompts()],
                                                        args.eval_answer_tokens))
     eval_feats, _ = target_features(target, eval_samples, args.work / "eval_features.pt", desc="held-out features")
     if args.evaluate:
@@ -110,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                                              f"{k} {[round(x, 3) for x in v]}" for k, v in result.items()))
         return 0
     samples = cached_jsonl(args.work / "train.jsonl", lambda: sharegpt_samples(
-        tok, args.prompts, set(prompts), args.max_prompt_tokens, args.answer_tokens, seed=args.seed + 1))
+        tok, args.prompts, set(prompts()), args.max_prompt_tokens, args.answer_tokens, seed=args.seed + 1))
     feats, counts = target_features(target, samples, args.work / "train_features.pt", desc="training features")
     if args.self_distill:  # more conversations (another draw), answered by the target itself
-        asked = sharegpt_samples(tok, args.self_distill, set(prompts), args.max_prompt_tokens, 1, seed=args.seed + 2)
-        distilled = cached_jsonl(args.work / "distill.jsonl", lambda: target_answers(
-            loaded, [s["prompt_ids"] for s in asked], args.eval_answer_tokens))
+        def distill():
+            asked = sharegpt_samples(tok, args.self_distill, set(prompts()), args.max_prompt_tokens, 1,
+                                     seed=args.seed + 2)
+            return target_answers(loaded, [s["prompt_ids"] for s in asked], args.eval_answer_tokens)
+        distilled = cached_jsonl(args.work / "distill.jsonl", distill)
         more, more_counts = target_features(target, distilled, args.work / "distill_features.pt",
                                             desc="self-distilled features")
         samples, feats, counts = samples + distilled, feats + more, counts + more_counts

@@ -14,16 +14,19 @@ from course.s05_speculative.training.train_eagle import main as train_main
 
 @pytest.mark.slow
 def test_train_eagle_runs_resumes_and_writes_a_loadable_head(chat_folder, tmp_path, capsys):
-    """A miniature run of the real script (ShareGPT conversations, the tiny model): end to end, then
-    resumed from its checkpoint for two more epochs without remaking its data; the head carries
-    its draft vocabulary and its held-out figures, and --evaluate measures any head the same way."""
+    """A miniature run of the real script (ShareGPT conversations and two self-distilled answers, the
+    tiny model): end to end, then resumed from its checkpoint for two more epochs without remaking
+    its data; the head carries its draft vocabulary and its held-out figures, and --evaluate
+    measures any head the same way."""
     out, work = tmp_path / "head.safetensors", tmp_path / "work"
     common = ["--model", str(chat_folder), "--prompts", "6", "--eval-prompts", "2", "--answer-tokens", "24",
               "--eval-answer-tokens", "6", "--max-prompt-tokens", "96", "--batch-tokens", "256",
-              "--draft-vocab", "16", "--ttt-steps", "2", "--eval-k", "3", "--work", str(work), "--out", str(out)]
+              "--draft-vocab", "16", "--ttt-steps", "2", "--eval-k", "3", "--self-distill", "2",
+              "--work", str(work), "--out", str(out)]
     assert train_main([*common, "--epochs", "1"]) == 0
     assert (work / "train.jsonl").read_text().count("\n") == 6 and (work / "ckpt.pt").exists()
     assert (work / "eval.jsonl").read_text().count("\n") == 2
+    assert (work / "distill.jsonl").read_text().count("\n") == 2 and (work / "distill_features.pt").exists()
     train_prompts = {tuple(json.loads(line)["prompt_ids"]) for line in (work / "train.jsonl").read_text().splitlines()}
     eval_prompts = {tuple(json.loads(line)["prompt_ids"]) for line in (work / "eval.jsonl").read_text().splitlines()}
     assert not train_prompts & eval_prompts  # held out means held out
