@@ -1,8 +1,7 @@
 """Fixtures for stage 07's tests."""
 import pytest
-import torch
 
-from course.s01_decode_loop.testing import save_hf_folder, tiny_model
+from course.s01_decode_loop.testing import save_hf_folder, tiny_model, torch_threads
 
 
 @pytest.fixture(scope="session")
@@ -16,10 +15,5 @@ def untied_folder(tmp_path_factory, byte_tok):
 
 @pytest.fixture(autouse=True)
 def one_torch_thread():
-    """This stage's tests run tiny models, which a second thread does not speed up; and where other
-    work shares the two cores, two threads wait for each other at every op (a tiny step ran 50x
-    slower so, measured). So each test runs on one thread, and the count is put back after."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with torch_threads(1):  # tiny models: see torch_threads
+        yield
