@@ -20,7 +20,7 @@ def folder(tmp_path_factory, byte_tok):
 
 def test_a_killed_rank_fails_the_step_at_once_and_leaves_no_process(folder):
     failures = []
-    tp = TensorParallel.start(TPSpec(2, str(folder), timeout_s=30), on_failure=failures.append)
+    tp = TensorParallel.start(TPSpec(2, str(folder), timeout_s=30, threads=1), on_failure=failures.append)
     try:
         loaded, model = tp.load_shard()
         engine = tp_engine(tp, loaded, model)
@@ -42,7 +42,7 @@ def test_a_killed_rank_fails_the_step_at_once_and_leaves_no_process(folder):
 
 
 def test_closing_rank_0_stops_the_others(folder):
-    tp = TensorParallel.start(TPSpec(2, str(folder), timeout_s=30))
+    tp = TensorParallel.start(TPSpec(2, str(folder), timeout_s=30, threads=1))
     tp.load_shard()
     pid = tp.processes[0].pid
     tp.close()
@@ -53,7 +53,7 @@ def test_an_idle_group_outlives_its_timeout(folder):
     """Rank 0's heartbeat keeps the followers' wait for the next step inside the collective timeout
     (without it, this test fails: rank 1's wait times out). The short timeout holds from the
     attach on; loading the shards had the startup timeout, however slow a busy machine is."""
-    with TensorParallel.start(TPSpec(2, str(folder), timeout_s=5)) as tp:
+    with TensorParallel.start(TPSpec(2, str(folder), timeout_s=5, threads=1)) as tp:
         loaded, model = tp.load_shard()
         engine = tp_engine(tp, loaded, model)
         time.sleep(11)  # idle for more than twice the step timeout
