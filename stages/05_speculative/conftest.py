@@ -7,7 +7,7 @@ from course.s01_decode_loop.testing import byte_tokenizer, save_hf_folder, tiny_
 @pytest.fixture(scope="session")
 def chat_folder(tmp_path_factory):
     """A tiny model (mha_untied) whose tokenizer has a chat template (the trainer formats prompts
-    as chat). Its own tokenizer: the session's shared one keeps no template."""
+    as chat). It gets a tokenizer of its own: the shared byte_tok fixture keeps no template."""
     path = tmp_path_factory.mktemp("tiny_chat")
     tokenizer = byte_tokenizer()
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
