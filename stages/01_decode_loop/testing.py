@@ -7,6 +7,8 @@ experts, top-2). Weights are seeded, so every run sees the same model.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from .config import ModelConfig
@@ -121,3 +123,16 @@ def save_transformers_model(hf_config, tokenizer, path, seed: int = 0):
     hf.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return hf
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op threads set to n inside, put back after. Tests of tiny models run on one: a
+    second thread does not speed them up, and where other work shares the cores, two threads wait
+    for each other at every op (a tiny speculative step ran 50x slower so, measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

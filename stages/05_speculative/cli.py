@@ -35,7 +35,7 @@ def make_drafter(method: str, model, args: argparse.Namespace) -> Drafter:
     if method.startswith("eagle"):
         if not args.eagle_head.is_file():
             raise ValueError(f"no EAGLE head at {args.eagle_head}; train one with "
-                             "`python -m course.s05_speculative.train_eagle` or pass --eagle-head")
+                             "`python -m course.s05_speculative.training.train_eagle` or pass --eagle-head")
         return EagleDrafter(EagleHead.load(args.eagle_head, model), model)
     return PromptLookupDrafter(max_ngram=args.max_ngram)
 

@@ -41,7 +41,7 @@ from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from .drafter import Draft, Drafter, draft_chain
 from .tree import Tree, TreeAttention, block_metadata
 
-DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # trained by train_eagle.py
+DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # trained by training/train_eagle.py
 
 
 class EagleHead(nn.Module):

@@ -3,6 +3,7 @@
     python -m course.s07_disaggregated --prompt "..." [--prefill 1 --decode 1 | --replicas N] [--json]
     python -m course.s07_disaggregated serve [--prefill 1 --decode 1 | --replicas N] [--policy P] [--port 8000]
     python -m course.s07_disaggregated --tensor-parallel-size N --prompt "..."   (tensor_parallel/cli.py)
+    python -m course.s07_disaggregated worker --role prefill|decode|unified ...  (one worker process)
 
 Both start the topology on this machine (P prefill + D decode worker processes, KV over
 torch.distributed or a shared folder; or N unified replicas, no transfer). Then
@@ -10,9 +11,12 @@ torch.distributed or a shared folder; or N unified replicas, no transfer). Then
     worker -> decode worker (or one replica), print as the other stages do (--json: one object per
     prompt), and the workers stop;
   * `serve` without prompts serves POST /generate on --port until Ctrl-C, then stops the workers.
+The launcher starts each worker as `... worker`: worker.py's process, with stage 04's watch plugged
+in (a snapshot hook after each engine turn, GET /state and /events).
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +26,15 @@ from pathlib import Path
 from course.s01_decode_loop.cli import build_parser, read_prompts, sampling_params
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.weights import ModelLoadError
+from course.s04_continuous_batching.watch import EngineWatch
+from course.s04_continuous_batching.watch.routes import add_watch_routes
 
 from .dispatcher import Dispatcher
 from .front import build_front_app
 from .launcher import Topology
 from .router import POLICIES
 from .tensor_parallel.cli import run_tensor_parallel
+from .worker import main as worker_main
 
 
 def resolve_model_dir(name: str | None) -> Path:
@@ -73,7 +80,18 @@ def parse_args(argv):
     return parser, args
 
 
+def plug_in_watch(app, loop) -> None:
+    """Stage 04's watch on one worker: snapshots after each engine turn while someone reads them,
+    served at GET /state and /events."""
+    watch = EngineWatch()
+    loop.after_turn.append(watch.turn)
+    add_watch_routes(app, watch, lambda fn: asyncio.wrap_future(loop.submit(fn)), loop.running)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        return worker_main(argv[1:], plug_ins=[plug_in_watch])
     parser, args = parse_args(argv)
     if args.tensor_parallel_size != 1:
         return run_tensor_parallel(args, resolve_model_dir)

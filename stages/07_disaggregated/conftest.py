@@ -1,7 +1,7 @@
 """Fixtures for stage 07's tests."""
 import pytest
 
-from course.s01_decode_loop.testing import save_hf_folder, tiny_model
+from course.s01_decode_loop.testing import save_hf_folder, tiny_model, torch_threads
 
 
 @pytest.fixture(scope="session")
@@ -11,3 +11,9 @@ def untied_folder(tmp_path_factory, byte_tok):
     path = tmp_path_factory.mktemp("tiny_mqa")
     save_hf_folder(tiny_model("mqa_odd_heads", seed=0), byte_tok, path)
     return path
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    with torch_threads(1):  # tiny models: see torch_threads
+        yield

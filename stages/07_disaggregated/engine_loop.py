@@ -3,8 +3,9 @@ handlers hand it functions to run (`submit`) and get their results through Futur
 request's step outputs go to the listener its handler registered.
 
 One turn of the loop: run what was submitted, do the transfer work (engine.service_kv), step
-the engine if anything is waiting or running, deliver the outputs, and let the watch take a
-snapshot if someone reads them (stage 04's watch/: nothing when nobody does).
+the engine if anything is waiting or running, deliver the outputs, then call each `after_turn`
+hook with the engine (the assembled worker hangs stage 04's watch there: snapshots while someone
+reads them, nothing when nobody does).
 """
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ import logging
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Callable
-
-from course.s04_continuous_batching.watch import EngineWatch
+from typing import Callable, Iterable
 
 from .engine import DisaggEngine
 
@@ -22,13 +21,14 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    def __init__(self, engine: DisaggEngine, idle_wait_s: float = 0.005):
+    def __init__(self, engine: DisaggEngine, idle_wait_s: float = 0.005,
+                 after_turn: Iterable[Callable[[DisaggEngine], None]] = ()):
         self.engine = engine
         self.idle_wait_s = idle_wait_s
         self.listeners: dict[int, Callable] = {}  # request id -> called (on this thread) with each StepOutput
+        self.after_turn = list(after_turn)  # called (on this thread) with the engine after every turn
         self._calls: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self.watch = EngineWatch()  # GET /state and /events (worker.py)
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     def start(self) -> "EngineLoop":
@@ -37,7 +37,8 @@ class EngineLoop:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
 
     def running(self) -> bool:
         return not self._stop.is_set()
@@ -70,10 +71,11 @@ class EngineLoop:
                 listener = self.listeners.get(out.request_id)
                 if listener:
                     listener(out)
-            try:
-                self.watch.turn(self.engine)
-            except Exception:  # a snapshot bug must not stop the engine
-                log.exception("snapshot failed")
+            for hook in self.after_turn:
+                try:
+                    hook(self.engine)
+                except Exception:  # a hook's bug (a snapshot's, say) must not stop the engine
+                    log.exception("after-turn hook %r failed", hook)
 
     def _call(self, fn, future: Future) -> None:
         if future.set_running_or_notify_cancel():

@@ -2,7 +2,7 @@
 
 `Topology` is a context manager: it starts P prefill and D decode workers, or N unified workers
 (replicas, each running whole requests; they join no KV group), each its own OS process
-(`python -m course.s07_disaggregated.worker`), waits until every one answers /health,
+(`python -m course.s07_disaggregated worker`), waits until every one answers /health,
 and on exit (normal, exception, Ctrl-C) stops them all: SIGTERM first (uvicorn shuts down,
 the engine loop stops), SIGKILL if one has not exited after a grace period.
 
@@ -69,7 +69,7 @@ def start_worker(role: str, worker_args: list[str], log_dir: Path, host: str = "
     try:
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "course.s07_disaggregated.worker", "--role", role, "--host", host,
+                [sys.executable, "-m", "course.s07_disaggregated", "worker", "--role", role, "--host", host,
                  "--fd", str(http.fileno()), *worker_args],
                 stdout=log, stderr=subprocess.STDOUT, env=env,
                 pass_fds=[http.fileno(), *(s.fileno() for s in inherit)],

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import torch
+import torch.distributed as dist
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer, tiny_model
@@ -53,7 +54,7 @@ def p2p_producer(port: int, results, handoff, timeout_s: float = 60.0) -> None:
             time.sleep(0.01)
         results.put(("producer", "confirmed" if not held else "timed out"))
         engine_producer(connector, results, handoff)
-        time.sleep(1)  # let the last sends drain before the group goes away
+        dist.barrier()  # both sides are done with the group (however long the other took): leave together
     finally:
         connector.close()
 
@@ -70,13 +71,13 @@ def p2p_consumer(port: int, results, handoff) -> None:
         results.put(("layers", [(k.clone(), v.clone()) for k, v in layers]))
         wrong = {**params, "layout": {**params["layout"], "block_size": 8}}
         try:
-            connector.start_load(wrong, [], 0, time.time() + 30).result(timeout=5)
+            connector.start_load(wrong, [], 0, time.time() + 30).result(timeout=60)
             results.put(("layout", "accepted"))
         except KVTransferError:
             results.put(("layout", "refused"))
         connector.confirm(params)
         engine_consumer(connector, results, handoff)
-        time.sleep(1)
+        dist.barrier()
     finally:
         connector.close()
 

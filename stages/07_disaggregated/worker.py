@@ -5,8 +5,8 @@ A *unified* worker (a replica, `serve --replicas N`) runs whole requests itself:
 
   GET  /health    {"role", "rank"}: 200 once the model is loaded and the KV group is joined
   GET  /stats     the pool and the transfers (free blocks, leases held, loads, releases)
-  GET  /state     a snapshot of this worker's engine: batch, block pool, queues (stage 04's watch/)
-  GET  /events    the same snapshots, a few a second, as server-sent events while someone reads
+  GET  /state     a snapshot of this worker's engine: batch, block pool, queues   } plugged in by the
+  GET  /events    the same snapshots, a few a second, while someone reads        } CLI: stage 04's watch/
   POST /prefill   {"prompt_ids", "sampling", "lease_s"?} -> {"first_token", "kv_transfer_params"}
                   runs the prompt to its first token and holds its blocks for a consumer
   POST /cancel    {"transfer_id"} -> {"cancelled": bool}: frees the blocks at once
@@ -18,8 +18,10 @@ A *unified* worker (a replica, `serve --replicas N`) runs whole requests itself:
 Every wait has a deadline: a prefill that does not finish in `request_timeout_s` is cancelled
 (504), a stream that produces no token for that long ends with an error line and is aborted.
 
-    python -m course.s07_disaggregated.worker --role prefill --model DIR --port 8100 \
+    python -m course.s07_disaggregated worker --role prefill --model DIR --port 8100 \
         --connector p2p --rank 0 --world-size 2 --dist-port 29500
+
+(`python -m course.s07_disaggregated.worker ...` runs the same worker without the watch.)
 
 The launcher binds each worker's sockets before starting it and hands them over (--fd,
 --dist-fd): a port chosen by the parent and bound by the child seconds later, after loading the
@@ -38,14 +40,14 @@ import sys
 import threading
 import time
 from dataclasses import fields
+from typing import Callable, Iterable
 
 import torch
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s04_continuous_batching.engine import EngineConfig, QueueFullError
-from course.s04_continuous_batching.watch import snapshot_events
 
 from .engine import DisaggConfig, DisaggEngine
 from .engine_loop import EngineLoop
@@ -76,18 +78,6 @@ def build_app(loop: EngineLoop, role: str, rank: int = 0, request_timeout_s: flo
     @app.get("/stats")
     async def stats():
         return await on_engine(lambda e: e.kv_stats())
-
-    @app.get("/state")
-    async def state():
-        data = loop.watch.recent() or await on_engine(loop.watch.build_json)
-        return Response(data, media_type="application/json")
-
-    @app.get("/events")
-    async def events():
-        if loop.watch.watching >= loop.watch.max_watchers:
-            raise HTTPException(429, f"{loop.watch.max_watchers} readers already")
-        return StreamingResponse(snapshot_events(loop.watch, loop.running), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache"})
 
     @app.post("/prefill")
     async def prefill(body: dict):
@@ -183,7 +173,8 @@ def build_app(loop: EngineLoop, role: str, rank: int = 0, request_timeout_s: flo
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="A stage 07 prefill or decode worker (internal HTTP API).")
+    p = argparse.ArgumentParser(prog="python -m course.s07_disaggregated worker",
+                                description="A stage 07 prefill, decode or unified worker (internal HTTP API).")
     p.add_argument("--role", choices=["prefill", "decode", "unified"], required=True,
                    help="unified: a replica that runs whole requests, no KV transfer")
     p.add_argument("--model", help="model folder or .gguf (default: the course's default model)")
@@ -237,7 +228,9 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, plug_ins: Iterable[Callable[[FastAPI, EngineLoop], None]] = ()) -> int:
+    """One worker process. `plug_ins`: each called with the app and the engine loop once both are
+    built, before the loop starts, to add routes and after-turn hooks (the CLI plugs in the watch)."""
     import uvicorn
 
     from course.s01_decode_loop.weights import load_model
@@ -261,9 +254,12 @@ def main(argv: list[str] | None = None) -> int:
                                        max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False),
                           loaded.eos_token_ids, connector=connector,
                           disagg=DisaggConfig(lease_s=args.lease_s, kv_load_timeout_s=args.kv_load_timeout_s))
-    loop = EngineLoop(engine).start()
+    loop = EngineLoop(engine)
     try:
         app = build_app(loop, args.role, args.rank, args.request_timeout_s)
+        for plug_in in plug_ins:
+            plug_in(app, loop)
+        loop.start()
         if args.fd is not None:  # a socket the launcher bound for us and kept open since
             uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[socket.socket(fileno=args.fd)])
         else:

@@ -9,7 +9,7 @@
         page reads slower than snapshots come, the oldest is dropped; the engine never waits
 
 `turn` and `build_json` run on the engine thread only; `subscribe`/`unsubscribe` on any;
-`snapshot_events` on the server's event loop.
+`snapshot_events` on the server's event loop; `read_snapshots` on the reader's side.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import asyncio
 import json
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable, Iterator
 
 from .snapshot import build_snapshot
 from .step_clock import StepClock, StepWindow
@@ -121,6 +121,11 @@ class EngineWatch:
         return latest[1] if latest and time.monotonic() - latest[0] <= max_age_s else None
 
 
+def may_join(watch: EngineWatch) -> bool:
+    """May one more reader open the event stream? (When not, a server answers 429.)"""
+    return watch.watching < watch.max_watchers
+
+
 async def snapshot_events(watch: EngineWatch, alive: Callable[[], bool],
                           keep_alive_s: float = 1.0) -> AsyncIterator[str]:
     """Server-sent events for one reader: `data: SNAPSHOT` as they come, `: idle` comments while
@@ -140,3 +145,11 @@ async def snapshot_events(watch: EngineWatch, alive: Callable[[], bool],
             yield f"data: {data}\n\n"
     finally:
         watch.unsubscribe(watcher)
+
+
+def read_snapshots(lines: Iterable[str]) -> Iterator[dict]:
+    """The reader's side of snapshot_events: each `data:` line of the stream, decoded, as it comes
+    (keep-alive comments and blank lines are skipped)."""
+    for line in lines:
+        if line.startswith("data: "):
+            yield json.loads(line[len("data: "):])

@@ -72,6 +72,12 @@ def run_timed(stream_fn, seq: Sequence) -> float:
     return timed(list, stream_fn(seq))
 
 
+def named(row: dict) -> dict:
+    """The row with its name first, made of its own fields (a rerun names it alike): `chat/eagle/k=1`,
+    `rewrite/lookup/k=2`, `json/stage02/k=0` for the baseline."""
+    return {"name": f"{row['workload']}/{row['method'].replace(' ', '')}/k={row['k']}", **row}
+
+
 def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
         methods=("draft", "lookup", "eagle", "eagle-tree"), draft_layers: int = 4) -> dict:
     loaded = load_model()
@@ -95,8 +101,8 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
             base_time += run_timed(baseline, seq)
             base_out.append(seq.output_ids)
         tokens = sum(len(o) for o in base_out)
-        rows.append({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
-                     "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True})
+        rows.append(named({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
+                           "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True}))
         for method in methods:
             for k in ([TREE["depth"]] if method == "eagle-tree" else ks):
                 stats, seconds, verdicts = SpecStats(), 0.0, []
@@ -110,10 +116,10 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                     seconds += run_timed(fn, seq)
                     verdicts.append(compare(model, p, ref, seq.output_ids))
                 equal = "differs" not in verdicts  # a near tie is reported, not counted as a bug
-                rows.append({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
-                             "mean_accepted_length": stats.mean_accepted_length,
-                             "acceptance_rate": stats.acceptance_rate, "speedup": base_time / seconds,
-                             "equal": equal, "near_ties": verdicts.count("near tie")})
+                rows.append(named({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
+                                   "mean_accepted_length": stats.mean_accepted_length,
+                                   "acceptance_rate": stats.acceptance_rate, "speedup": base_time / seconds,
+                                   "equal": equal, "near_ties": verdicts.count("near tie")}))
                 print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
                       f"speedup {base_time / seconds:4.2f}x{_flag(rows[-1])}", flush=True)
     return {"prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,

@@ -7,7 +7,7 @@ import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
-from course.s01_decode_loop.testing import tiny_model
+from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model
 from course.s02_kv_cache.generate import forward_step, generate_cached
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.eagle import EagleDrafter, EagleHead
@@ -30,17 +30,22 @@ def run(stream, model, tok, drafter, params=GREEDY, **kw):
     return seq.output().token_ids, stats
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-def test_eagle_chain_greedy_equals_stage02(tiny, byte_tok, k):
-    _, model = tiny
+# each shape on one architecture, every architecture at one shape: the two vary independently
+CHAIN_CASES = [("mha_untied", 1), ("mha_untied", 5)] + [(name, 3) for name in sorted(TINY_CONFIGS)]
+TREE_CASES = [("mha_untied", (1, 1, 1)), ("mha_untied", (3, 2, 6))] + [(name, (5, 4, 16)) for name in sorted(TINY_CONFIGS)]
+
+
+@pytest.mark.parametrize("config,k", CHAIN_CASES)
+def test_eagle_chain_greedy_equals_stage02(config, byte_tok, k):
+    model = tiny_model(config)
     ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
     out, stats = run(stream_speculative, model, byte_tok, eagle(model), k=k)
     assert out == ref and stats.proposed > 0
 
 
-@pytest.mark.parametrize("depth,top_k,max_nodes", [(1, 1, 1), (3, 2, 6), (5, 4, 16)])
-def test_eagle_tree_greedy_equals_stage02(tiny, byte_tok, depth, top_k, max_nodes):
-    _, model = tiny
+@pytest.mark.parametrize("config,shape", TREE_CASES)
+def test_eagle_tree_greedy_equals_stage02(config, byte_tok, shape):
+    model, (depth, top_k, max_nodes) = tiny_model(config), shape
     ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
     out, stats = run(stream_tree_speculative, model, byte_tok, eagle(model), depth=depth, top_k=top_k,
                      max_nodes=max_nodes)

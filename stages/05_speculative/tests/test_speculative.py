@@ -4,7 +4,7 @@ import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
-from course.s01_decode_loop.testing import tiny_model
+from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model
 from course.s02_kv_cache.generate import forward_step, generate_cached, reserve_cache
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.draft_model import DraftModelDrafter, truncated_model
@@ -43,9 +43,13 @@ def drafters(model, ref_ids):
             "right": Oracle(ref_ids, vocab), "wrong": Oracle(ref_ids, vocab, wrong=True)}
 
 
-@pytest.mark.parametrize("k", [0, 1, 2, 3, 6])
-def test_speculative_greedy_equals_stage02_for_every_drafter(tiny, byte_tok, k):
-    _, model = tiny
+# every k on one architecture, every architecture at k = 3: the two vary independently
+K_CASES = [("mha_untied", k) for k in (0, 1, 2, 6)] + [(name, 3) for name in sorted(TINY_CONFIGS)]
+
+
+@pytest.mark.parametrize("config,k", K_CASES)
+def test_speculative_greedy_equals_stage02_for_every_drafter(config, byte_tok, k):
+    model = tiny_model(config)
     params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
     ref = reference(model, byte_tok, params)
     for name, drafter in drafters(model, ref.token_ids).items():

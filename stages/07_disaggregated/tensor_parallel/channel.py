@@ -100,6 +100,7 @@ class Leader:
         check_engine_config(engine.config)
         with self.step(("engine", engine.config)):
             reports = self.comm.all_gather_object(memory_report(engine, self.comm))
+        self.comm.use_step_timeout()  # every rank is loaded and built: steps are short from here
         engine.runner = BroadcastingRunner(engine.runner, self)
         engine.model.lm_head.leader = self
         return reports
@@ -151,6 +152,7 @@ def follow(model, comm: Collectives) -> None:
         if kind == "engine":
             engine = LLMEngine(model, None, message[1])
             comm.all_gather_object(memory_report(engine, comm))
+            comm.use_step_timeout()
         elif kind == "run":
             engine.runner.run(*message[1:])
         elif kind == "logits":

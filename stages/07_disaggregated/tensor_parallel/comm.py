@@ -31,8 +31,9 @@ def torchrun_rank() -> int | None:
 class Collectives:
     """This rank's view of the group: rank, world size, device, and the counted collectives."""
 
-    def __init__(self, rank: int, world_size: int, device: str = "cpu"):
+    def __init__(self, rank: int, world_size: int, device: str = "cpu", timeout_s: float = 60.0):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
+        self.timeout_s = timeout_s           # the steps' collective timeout (use_step_timeout)
         self.calls: Counter = Counter()      # "all_reduce" -> how many
         self.bytes: Counter = Counter()      # "all_reduce" -> payload bytes this rank contributed
         self.seconds: Counter = Counter()    # time spent inside them, when `timing` (the benchmark) is on
@@ -42,17 +43,23 @@ class Collectives:
     def join(cls, rank: int, world_size: int, device: str = "cpu", init_method: str | None = None,
              timeout_s: float = 60.0, startup_timeout_s: float = 300.0) -> "Collectives":
         """Join the group (blocks until every rank has, or raises after `startup_timeout_s`: a
-        spawned interpreter takes seconds to start); from then on a collective that waits longer
-        than `timeout_s` fails. A CUDA device becomes cuda:<rank> (one GPU per rank).
-        `init_method` None: torchrun's env://."""
+        spawned interpreter takes seconds to start). Loading the model and building the engines
+        get as long, since a rank that loads slower keeps the others waiting in their first
+        collective; `use_step_timeout` then shortens it to `timeout_s`. A CUDA device becomes
+        cuda:<rank> (one GPU per rank). `init_method` None: torchrun's env://."""
         if device.startswith("cuda"):
             device = f"cuda:{rank}"
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", init_method=init_method or "env://",
                                 rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=max(timeout_s, startup_timeout_s)))
-        dist.distributed_c10d._set_pg_timeout(timedelta(seconds=timeout_s))  # torch's own setter (private)
-        return cls(rank, world_size, device)
+        return cls(rank, world_size, device, timeout_s)
+
+    def use_step_timeout(self) -> None:
+        """Every rank has its shard and its engine: from now on a collective that waits longer than
+        `timeout_s` fails (a step is short; a wait that long means a rank is stuck or gone)."""
+        if dist.is_initialized():
+            dist.distributed_c10d._set_pg_timeout(timedelta(seconds=self.timeout_s))  # torch's own setter (private)
 
     def count(self, op: str, t: torch.Tensor) -> None:
         self.calls[op] += 1

@@ -42,7 +42,7 @@ class TPSpec:
     dtype: str = "float32"
     device: str = "cpu"         # "cpu": gloo; "cuda": NCCL, rank r on cuda:r
     port: int | None = None     # rank 0's TCP rendezvous port (spawned ranks); None under torchrun
-    timeout_s: float = 60.0     # a collective that waits longer fails (joining the group may take 300 s)
+    timeout_s: float = 60.0     # a step's collective that waits longer fails (joining and loading: 300 s)
     threads: int | None = None  # torch threads of each spawned rank (None: torch's default)
 
     @property

@@ -1,6 +1,5 @@
 """Two worker processes (prefill, decode), KV over torch.distributed (gloo), driven over HTTP:
 the disaggregated path gives what the unified stage-04 engine gives, and no block leaks."""
-import json
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -10,6 +9,7 @@ import torch
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s04_continuous_batching.watch import read_snapshots
 from course.s07_disaggregated.dispatcher import Dispatcher
 from course.s07_disaggregated.launcher import Topology
 from course.s07_disaggregated.testing import settled
@@ -156,7 +156,8 @@ def test_workers_client_going_away_frees_decode_blocks(topology, dispatcher):
 
 
 def test_each_worker_serves_snapshots_of_its_own_engine(topology, dispatcher):
-    """GET /state and /events (stage 04's watch/): the decode worker shows the request it decodes."""
+    """GET /state and /events (stage 04's watch/, plugged in by the CLI that starts each worker): the
+    decode worker shows the request it decodes."""
     prefill, decode = topology.prefill[0], topology.decode[0]
     for w in (prefill, decode):
         snap = httpx.get(f"{w.url}/state", timeout=10).json()
@@ -165,10 +166,9 @@ def test_each_worker_serves_snapshots_of_its_own_engine(topology, dispatcher):
     with ThreadPoolExecutor(1) as pool:
         with httpx.stream("GET", f"{decode.url}/events", timeout=30) as events:
             run = pool.submit(dispatcher.generate, prompts([20], seed=9)[0], {"max_new_tokens": 120, **GREEDY})
-            for line in events.iter_lines():
-                if line.startswith("data: "):
-                    seen.append(json.loads(line[len("data: "):]))
-                if any(s["num_running"] for s in seen) or len(seen) > 50:
+            for snapshot in read_snapshots(events.iter_lines()):
+                seen.append(snapshot)
+                if snapshot["num_running"] or len(seen) > 50:
                     break
         run.result(timeout=60)
     busy = next(s for s in seen if s["num_running"])

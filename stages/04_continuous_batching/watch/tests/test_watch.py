@@ -1,12 +1,17 @@
 """Snapshots of this stage's engine: nothing is built or timed while nobody watches; with a reader,
-the rows, the pool and a preemption show, and the event stream ends cleanly when its reader leaves."""
+the rows, the pool and a preemption show, the event stream ends cleanly when its reader leaves,
+and an HTTP app serves the snapshots through the watch's routes."""
 import asyncio
 import json
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
-from course.s04_continuous_batching.watch import EngineWatch, snapshot_events
+from course.s04_continuous_batching.watch import EngineWatch, read_snapshots, snapshot_events
+from course.s04_continuous_batching.watch.routes import add_watch_routes
 
 PHASES = {"step", "_schedule", "_run", "_postprocess"}
 
@@ -69,3 +74,29 @@ def test_the_event_stream_sends_snapshots_and_unsubscribes_when_closed(byte_tok)
     assert first == ": idle\n\n" and second.startswith("data: {")
     assert json.loads(second[len("data: "):])["engine"]["num_blocks"] == 64
     assert watch.watching == 0
+
+
+def test_the_routes_serve_snapshots_and_refuse_a_reader_past_the_limit(byte_tok):
+    engine = engine_of(byte_tok)
+    watch = EngineWatch(min_interval_s=0, max_cost_share=float("inf"), max_watchers=1)
+    turns = []
+
+    def alive():  # the engine takes one turn while the reader is there, then the server stops
+        if not turns:
+            turns.append(watch.turn(engine))
+            return True
+        return False
+
+    async def on_engine(fn):
+        return fn(engine)
+
+    app = FastAPI()
+    add_watch_routes(app, watch, on_engine, alive)
+    client = TestClient(app)
+    assert client.get("/state").json()["engine"]["num_blocks"] == 64  # built on demand: nobody reads
+    r = client.get("/events")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    (snapshot,) = read_snapshots(r.text.splitlines())
+    assert snapshot["engine"]["num_blocks"] == 64 and watch.watching == 0
+    watch.max_watchers = 0  # every reader slot taken
+    assert client.get("/events").status_code == 429

@@ -20,6 +20,7 @@ def test_bench_quick_counts_the_collectives_and_the_bytes(folder, tmp_path, caps
     assert {"command", "machine"} <= set(json.loads(out.read_text()))
     assert r["tp"] == 2 and r["threads_per_rank"] == 1
     tp1, ranks = r["memory"]["tp1"], r["memory"]["tp2"]
+    assert [x["name"] for x in ranks] == ["rank=0", "rank=1"]  # the README's figures pick a rank by name
     assert all(x["kv_bytes"] * 2 == tp1["kv_bytes"] and x["weight_bytes"] < 0.55 * tp1["weight_bytes"] for x in ranks)
     for batch, row in r["batches"].items():
         assert row["tp2"]["collectives_per_step"] == {"all_reduce": 2 * TP_TINY.num_hidden_layers + 1, "all_gather": 1}

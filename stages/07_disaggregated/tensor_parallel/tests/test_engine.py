@@ -22,7 +22,7 @@ def folder(tmp_path_factory, byte_tok):
 
 @pytest.fixture(scope="module")
 def group(folder):
-    with TensorParallel.start(TPSpec(2, str(folder), timeout_s=60)) as tp:
+    with TensorParallel.start(TPSpec(2, str(folder), timeout_s=60, threads=1)) as tp:
         loaded, model = tp.load_shard()
         yield tp, loaded, model
     assert not any(alive(p.pid) for p in tp.processes)

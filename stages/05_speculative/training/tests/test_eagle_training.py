@@ -8,7 +8,7 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s02_kv_cache.generate import step_metadata
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.eagle import EagleHead
-from course.s05_speculative.eagle_training import accepted_lengths, step_losses, unrolled_predictions
+from course.s05_speculative.training.eagle_training import accepted_lengths, step_losses, unrolled_predictions
 
 
 def head_and_inputs(model, lengths, seed=0):

@@ -1,7 +1,7 @@
 """Train the EAGLE head: the target's features over ShareGPT answers, a reduced draft vocabulary,
 and training-time test (the head trained on its own chained predictions).
 
-    python -m course.s05_speculative.train_eagle     # ~1 h on 2 CPU cores, minutes on a GPU
+    python -m course.s05_speculative.training.train_eagle     # ~1 h on 2 CPU cores, minutes on a GPU
 
 Steps, each saved in --work so an interrupted run resumes where it stopped:
   1. train.jsonl, eval.jsonl   ShareGPT first exchanges (chat template + the recorded answer) to
@@ -20,6 +20,7 @@ two figures for any head (the one shipped before, say), on the same data.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import random
 import sys
@@ -32,7 +33,7 @@ from course.s01_decode_loop.attention import AttentionMetadata
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.weights import load_model
 
-from .eagle import DEFAULT_HEAD, EagleHead
+from ..eagle import DEFAULT_HEAD, EagleHead
 from .eagle_data import (cached_jsonl, draft_vocabulary, heldout_prompts, packed_groups, sharegpt_samples,
                          target_answers, target_features)
 from .eagle_training import accepted_lengths, chain_hits, rows_with_base, step_losses, unrolled_predictions
@@ -71,7 +72,7 @@ def evaluate(head, target, samples, feats, device, k: int, batch_tokens: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m course.s05_speculative.train_eagle", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m course.s05_speculative.training.train_eagle", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="the target (default: SmolLM2-135M-Instruct)")
     p.add_argument("--prompts", type=int, default=1200, help="ShareGPT conversations to train on")
@@ -98,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(args.model, device=args.device)
     target, tok = loaded.model.requires_grad_(False), loaded.tokenizer
 
-    prompts = heldout_prompts(tok, args.eval_prompts, args.max_prompt_tokens)
+    # the held-out prompts, chosen only when a step still to make needs them (a resumed run does not)
+    prompts = functools.cache(lambda: heldout_prompts(tok, args.eval_prompts, args.max_prompt_tokens))
     eval_samples = cached_jsonl(args.work / "eval.jsonl",
-                                lambda: target_answers(loaded, [encode_prompt(tok, x, chat=True) for x in prompts],
+                                lambda: target_answers(loaded, [encode_prompt(tok, x, chat=True) for x in prompts()],
                                                        args.eval_answer_tokens))
     eval_feats, _ = target_features(target, eval_samples, args.work / "eval_features.pt", desc="held-out features")
     if args.evaluate:
@@ -110,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
                                              f"{k} {[round(x, 3) for x in v]}" for k, v in result.items()))
         return 0
     samples = cached_jsonl(args.work / "train.jsonl", lambda: sharegpt_samples(
-        tok, args.prompts, set(prompts), args.max_prompt_tokens, args.answer_tokens, seed=args.seed + 1))
+        tok, args.prompts, set(prompts()), args.max_prompt_tokens, args.answer_tokens, seed=args.seed + 1))
     feats, counts = target_features(target, samples, args.work / "train_features.pt", desc="training features")
     if args.self_distill:  # more conversations (another draw), answered by the target itself
-        asked = sharegpt_samples(tok, args.self_distill, set(prompts), args.max_prompt_tokens, 1, seed=args.seed + 2)
-        distilled = cached_jsonl(args.work / "distill.jsonl", lambda: target_answers(
-            loaded, [s["prompt_ids"] for s in asked], args.eval_answer_tokens))
+        def distill():
+            asked = sharegpt_samples(tok, args.self_distill, set(prompts()), args.max_prompt_tokens, 1,
+                                     seed=args.seed + 2)
+            return target_answers(loaded, [s["prompt_ids"] for s in asked], args.eval_answer_tokens)
+        distilled = cached_jsonl(args.work / "distill.jsonl", distill)
         more, more_counts = target_features(target, distilled, args.work / "distill_features.pt",
                                             desc="self-distilled features")
         samples, feats, counts = samples + distilled, feats + more, counts + more_counts
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     head.save(args.out)  # measured as shipped: weights rounded to bfloat16
     head = EagleHead.load(args.out, target)
     result = evaluate(head, target, eval_samples, eval_feats, args.device, args.eval_k, args.batch_tokens)
-    command = "python -m course.s05_speculative.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m course.s05_speculative.training.train_eagle " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"heldout_top1": f"{result['top1']:.4f}",
             f"heldout_accepted_length_k{args.eval_k}": f"{result[f'accepted_length_k{args.eval_k}']:.4f}",
             "train_conversations": args.prompts, "answer_tokens": args.answer_tokens, "epochs": args.epochs,

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.attention import AttentionBackend, AttentionMetadata
 
-from .eagle import EagleHead
+from ..eagle import EagleHead
 
 CLS_WEIGHT = 0.1    # the EAGLE paper's w_cls
 STEP_DECAY = 0.8    # step j's loss weighs STEP_DECAY**j (EAGLE-3 weighs later steps less)
