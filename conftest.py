@@ -33,12 +33,18 @@ def tiny_folder(tmp_path_factory, byte_tok):
     return path
 
 
+def fair_threads() -> int:
+    """torch threads for this test process: every core, or its share when pytest-xdist runs
+    several workers (PYTEST_XDIST_WORKER_COUNT), so workers never wait on each other's threads."""
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real default model (SmolLM2-135M-Instruct), fetched and converted on first use."""
     from course.s01_decode_loop.weights import load_model
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    torch.set_num_threads(fair_threads())
     return load_model()
 
 
@@ -126,6 +132,9 @@ def stages_named(args: list[str], root: Path = ROOT) -> set[str] | None:
 
 
 def pytest_configure(config):
+    # one worker per core: each worker's ops on its own core (two workers' threads spinning
+    # against each other on two cores make a tiny model's step many times slower)
+    torch.set_num_threads(fair_threads())
     if config.getoption("--exercise", default=False):
         # Only the stages under test: a learner on stage 03 still runs stage 01's reference
         # attention underneath, whatever stage 01's exercise files hold.
