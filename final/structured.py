@@ -29,10 +29,11 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from course.s08_structured.serving.budget import CompileBudget, CompileCancelled
+from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, DefaultBounds, json_schema_to_grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
+from course.s08_structured.serving.closing import CloseOnBudget
 from course.s08_structured.vocab import TokenizerInfo
 
 from .engine_client import ShuttingDownError
@@ -68,6 +69,7 @@ class GrammarCache:
                  timeout_s: float | None = 20.0, default_bounds: DefaultBounds | None = SERVING_BOUNDS,
                  close_on_budget: bool = True):
         self.default_bounds, self.close_on_budget = default_bounds, close_on_budget
+        self.narrow = CloseOnBudget() if close_on_budget else None   # each processor's mask narrower
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
         self._info: TokenizerInfo | None = None
@@ -114,8 +116,7 @@ class GrammarCache:
         key = cache_key(schema, mode, self.default_bounds)
         compiled = await self.compiled(key, lambda b: json_schema_to_grammar(  # bounds: best-effort only
             schema, budget=b, mode=mode, default_bounds=self.default_bounds))
-        return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, close_on_budget=self.close_on_budget)
-                for _ in range(n)]
+        return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, narrow=self.narrow) for _ in range(n)]
 
     async def compiled(self, key: str | None, build) -> CompiledGrammar:
         """The grammar `build(budget)` makes, from the cache or compiled on the worker thread."""

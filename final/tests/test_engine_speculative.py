@@ -121,12 +121,12 @@ def test_grammar_requests_never_verify_a_forbidden_draft(byte_tok, wrong_every):
 
     from course.s08_structured.generate import GrammarLogitsProcessor
     from course.s08_structured.matcher import compile_grammar
-    from course.s08_structured.sources import grammar_from_regex
+    from course.s08_structured.frontends.regex_parser import regex_to_grammar
     from course.s08_structured.vocab import TokenizerInfo
 
     model = tiny_model("mha_untied")
     eos = byte_tok.eos_token_id
-    compiled = compile_grammar(grammar_from_regex(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
+    compiled = compile_grammar(regex_to_grammar(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
     prompts = [list(b"list: "), list(b"Another prompt, longer than the first one: "), list(b"x")]
 
     def generate(engine):  # each request with its own grammar

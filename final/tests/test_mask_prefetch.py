@@ -12,7 +12,7 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.matcher import compile_grammar
-from course.s08_structured.sources import grammar_from_regex
+from course.s08_structured.frontends.regex_parser import regex_to_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
 GRAMMAR = r"\[[0-9]{1,3}(, [a-z]{1,4}){0,3}\]"
@@ -36,7 +36,7 @@ class WhereFilled(GrammarLogitsProcessor):
 
 @pytest.fixture(scope="module")
 def compiled(byte_tok):
-    return compile_grammar(grammar_from_regex(GRAMMAR),
+    return compile_grammar(regex_to_grammar(GRAMMAR),
                            TokenizerInfo.from_huggingface(byte_tok, stop_ids=[byte_tok.eos_token_id]))
 
 

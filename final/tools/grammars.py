@@ -58,8 +58,8 @@ async def grammars_for(cache, body, n: int, max_tokens: int) -> list | None:
     compiled = await cache.compiled(key, lambda budget: tool_call_grammar(
         functions, parallel=parallel, after_trigger=lazy, budget=budget, default_bounds=cache.default_bounds))
     if not lazy:
-        return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, close_on_budget=cache.close_on_budget)
+        return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, narrow=cache.narrow)
                 for _ in range(n)]
     triggers = await asyncio.to_thread(trigger_tokens, compiled.info)
     return [LazyGrammarLogitsProcessor(compiled, triggers, max_new_tokens=max_tokens,
-                                       close_on_budget=cache.close_on_budget) for _ in range(n)]
+                                       narrow=cache.narrow) for _ in range(n)]

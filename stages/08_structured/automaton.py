@@ -18,25 +18,19 @@ position, are all the run-time ever reads:
     calls[pos]   tuple of (callee's start position, return position)
     final[pos]   the rule may end here
 
-Sizes are known before anything is built: `nfa_states(expr)` counts the states the Thompson
-construction will create (a repetition {m,n} costs n copies of its item), so a runaway count
-is refused in microseconds instead of after building half a million states. With a
-CompileBudget, the whole grammar must be built in `max_build_states` states (checked before
-building and again as each rule is determinised), and the budget's deadline is checked per state.
-
-Then positions that behave the same, in any rules, are merged into one (minimize.py): what is
-left, each with a mask to precompute, must fit in `max_states`.
+The budget (budget.py) is charged as it goes: the grammar's size, known before anything is
+built (nfa.py), and again as each rule is determinised, against `max_build_states`; what is left
+once positions that behave the same are merged (minimize.py) against `max_states`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .serving.budget import CompileBudget, LimitExceeded
+from .budget import CompileBudget, LimitExceeded
 from .grammar import Grammar, GrammarError
-from .inlining import inline_rules
+from .inlining import inline_rules, recursive_rules
 from .minimize import minimize
-from .nfa import (MAX_NFA_STATES, _NFA, class_sequences, literal_trie, nfa_states,  # noqa: F401 (importable
-                  utf8_sequences)                                                  # from here, as before)
+from .nfa import MAX_NFA_STATES, _NFA, nfa_states
 
 MAX_DFA_STATES = 100_000
 
@@ -217,25 +211,20 @@ def check_no_left_recursion(auto: Automaton, budget: CompileBudget | None = None
             if r not in nullable and any(auto.final[p] for p in reachable_without_bytes(r, nullable)):
                 nullable.add(r)
                 changed = True
-    first_calls = {r: sorted({start_to_rule[c] for p in reachable_without_bytes(r, nullable) for c, _ in auto.calls[p]})
+    first_calls = {r: {start_to_rule[c] for p in reachable_without_bytes(r, nullable) for c, _ in auto.calls[p]}
                    for r in auto.rule_names}
-    # Depth-first search for a cycle in first_calls, with its own stack (a loop, not recursion).
-    state: dict[str, int] = {}                     # 1 = on the DFS path, 2 = done
-    for r in auto.rule_names:
-        if r in state:
-            continue
-        state[r], path, stack = 1, [r], [iter(first_calls[r])]
-        while stack:
-            c = next(stack[-1], None)
-            if c is None:
-                state[path.pop()] = 2
-                stack.pop()
-            elif state.get(c) == 1:
-                cycle = path[path.index(c):] + [c]
-                raise GrammarError("left recursion: " + " -> ".join(cycle) +
-                                   " can repeat without consuming input; rewrite it with repetition "
-                                   "(a ::= a \"x\" | \"y\"  becomes  a ::= \"y\" \"x\"*)")
-            elif c not in state:
-                state[c] = 1
-                path.append(c)
-                stack.append(iter(first_calls[c]))
+    looping = recursive_rules(first_calls)         # rules on a cycle of calls made before any byte
+    if looping:
+        first = next(r for r in auto.rule_names if r in looping)
+        came_from, todo = {}, [first]              # breadth-first from it, back to it
+        while first not in came_from:
+            r = todo.pop(0)
+            for c in sorted(first_calls[r] - came_from.keys()):
+                came_from[c] = r
+                todo.append(c)
+        cycle = [first]
+        while len(cycle) == 1 or cycle[-1] != first:
+            cycle.append(came_from[cycle[-1]])
+        raise GrammarError("left recursion: " + " -> ".join(reversed(cycle)) +
+                           " can repeat without consuming input; rewrite it with repetition "
+                           "(a ::= a \"x\" | \"y\"  becomes  a ::= \"y\" \"x\"*)")

@@ -5,19 +5,18 @@
     apply_token_bitmask(logits, bitmask)       # new: the others can never be sampled
     token = sample(logits); matcher.accept_token(token)
 
-They live in `GrammarLogitsProcessor`, which rides along in SamplingParams (stage 01's
-`logits_processors` hook) and is called with each request's logits before sampling, so the
-loop itself is not touched: `ConstrainedGenerator` is stage 02's cached loop unchanged, and
-stage 04's batched engine takes the same processor. The mask is applied before temperature,
-top-k/top-p and penalties, so sampling renormalises over the allowed tokens: at temperature 1
-the output is a sample from the model's distribution conditioned on staying inside the
-grammar, one token at a time. Logprobs stay the model's raw ones, as the hook defines.
+They live in `GrammarLogitsProcessor`, which rides in stage 01's `logits_processors` hook, so
+the loop is not touched: `ConstrainedGenerator` is stage 02's cached loop unchanged, and stage
+04's batched engine takes the same processor. The mask comes before temperature, top-k/top-p
+and penalties, so sampling renormalises over the allowed tokens: at temperature 1 the output is
+a sample from the model's distribution conditioned on staying inside the grammar, one token at
+a time. Logprobs stay the model's raw ones, as the hook defines.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -26,32 +25,31 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s02_kv_cache.generate import stream_cached
 
-from .serving.closing import restrict_to_closing
 from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask
+
+# May cut the grammar's mask (bool [vocab], in place) further, given the request's matcher and
+# the tokens it has left; returns whether it did. E.g. serving/closing.py's CloseOnBudget.
+MaskNarrower = Callable[[np.ndarray, GrammarMatcher, int], bool]
 
 
 class GrammarLogitsProcessor:
-    """The mask as a logits processor (`SamplingParams.logits_processors`), so any loop that
-    samples through stage 01's Sequence, stage 04's batched engine and the server included,
-    keeps a request inside its grammar. One per request: it holds that request's matcher,
-    catches up with the tokens appended since its last call, then masks. If `timings` is
-    given, the time of every mask is appended to it.
+    """The mask as a logits processor (`SamplingParams.logits_processors`): any loop that samples
+    through stage 01's Sequence (stage 04's engine, the server) keeps a request in its grammar.
+    One per request: it holds the request's matcher, catches up with the tokens appended since
+    its last call, then masks. If `timings` is given, each mask's time is appended to it.
 
-    An engine may call `prepare(output_ids)` ahead of time, on another thread, while the
-    forward pass that produces the logits runs (as GPU engines fill the batch's bitmask
-    during the forward); the call that follows then finds the mask ready. The engine waits
-    for `prepare` to return before it calls the processor: the two never overlap.
+    An engine may call `prepare(output_ids)` ahead of time, on another thread, while the forward
+    pass runs (as GPU engines fill the batch's bitmask during the forward); the call that follows
+    finds the mask ready. The engine waits for `prepare` to return: the two never overlap.
 
-    `close_on_budget` (serving/closing.py): with `max_new_tokens` known, once the tokens left are about
-    what the shortest way to close the output needs (+ `margin`), only tokens after which it can
-    still close in time are allowed, so the answer ends with the stop token instead of being cut
-    at max_new_tokens. The loop's finish_reason stays truthful: "stop" when the stop token was
-    sampled, "length" when the budget ran out first."""
+    `narrow` (a MaskNarrower), with `max_new_tokens` known, may cut each mask further by what the
+    request has left: serving/'s CloseOnBudget keeps only tokens after which the output can
+    still close before max_new_tokens, so the answer ends with the stop token."""
 
     def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None, *,
-                 max_new_tokens: int | None = None, close_on_budget: bool = False, margin: int = 16):
-        self.max_new_tokens, self.close_on_budget, self.margin = max_new_tokens, close_on_budget, margin
-        self.closing_steps = 0  # masks the closing window cut down
+                 max_new_tokens: int | None = None, narrow: MaskNarrower | None = None):
+        self.max_new_tokens, self.narrow = max_new_tokens, narrow
+        self.narrowed_steps = 0  # masks `narrow` cut down
         self.compiled = compiled
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
@@ -70,10 +68,9 @@ class GrammarLogitsProcessor:
             return  # filled ahead of time for exactly these tokens
         t0 = time.perf_counter()
         m = self.matcher
-        if self.close_on_budget and self.max_new_tokens is not None and not m.is_terminated():
+        if self.narrow is not None and self.max_new_tokens is not None and not m.is_terminated():
             mask = m.next_token_mask()
-            if restrict_to_closing(mask, m.state, self.max_new_tokens - len(self.tokens), m.compiled, self.margin):
-                self.closing_steps += 1
+            self.narrowed_steps += self.narrow(mask, m, self.max_new_tokens - len(self.tokens))
             self.bitmask[0].numpy()[:] = pack_mask(mask, self.bitmask.shape[-1])
         else:
             m.fill_next_token_bitmask(self.bitmask)
@@ -111,13 +108,12 @@ class GrammarLogitsProcessor:
 
 class ConstrainedGenerator:
     """A `stream_fn(model, seq)` for stage 01's CLI contract: stage 02's cached loop, with the
-    request's logits masked by a GrammarLogitsProcessor before every sample. Times each mask."""
+    request's logits masked by a GrammarLogitsProcessor (with `narrow`) before every sample.
+    Times each mask."""
 
     def __init__(self, compiled: CompiledGrammar, max_model_len: int | None = None, *,
-                 close_on_budget: bool = False, margin: int = 16):
-        self.compiled = compiled
-        self.max_model_len = max_model_len
-        self.close_on_budget, self.margin = close_on_budget, margin
+                 narrow: MaskNarrower | None = None):
+        self.compiled, self.max_model_len, self.narrow = compiled, max_model_len, narrow
         self.mask_seconds: list[float] = []
 
     def __call__(self, model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
@@ -125,7 +121,7 @@ class ConstrainedGenerator:
             raise ValueError("ignore_eos cannot be used with a grammar: once the output is complete "
                              "only a stop token is allowed")
         processor = GrammarLogitsProcessor(self.compiled, self.mask_seconds, max_new_tokens=seq.params.max_new_tokens,
-                                           close_on_budget=self.close_on_budget, margin=self.margin)
+                                           narrow=self.narrow)
         # A copy of the request's params with the processor added: the caller's params object
         # may be shared by other prompts (the CLI uses one for all), so it is left untouched.
         seq.params = dataclasses.replace(seq.params, logits_processors=[*seq.params.logits_processors, processor])

@@ -10,8 +10,8 @@ A grammar is a set of named rules; a rule's body is an expression built from fiv
 
 Characters are code points here; the automaton (automaton.py) turns them into UTF-8 byte
 sequences, so matching is on bytes and a token may end in the middle of a character.
-`Grammar.to_ebnf()` prints the grammar in the EBNF dialect that frontends/ebnf.py parses and xgrammar
-reads, which is how the tests hand the very same grammar to the outside reference.
+The EBNF front end (frontends/ebnf.py) reads and writes this representation in xgrammar's
+dialect: `to_ebnf(grammar)` is how a grammar is shown, and handed to xgrammar as it is.
 """
 from __future__ import annotations
 
@@ -164,26 +164,16 @@ class Grammar:
     # What the source had to loosen or ignore to build this grammar (a JSON schema compiled in
     # best-effort mode, json_schema/); empty when the grammar is exactly what was asked for.
     warnings: tuple = field(default=(), compare=False)
-    # Rules never inlined into their callers (automaton.inline_rules): big pieces that many
-    # callers share, like the default-bounded string of json_schema/defaults.py.
+    # Rules never inlined into their callers (inlining.py): big pieces that many callers
+    # share, like the default-bounded string of json_schema/defaults.py.
     keep: frozenset = field(default=frozenset(), compare=False)
 
-    def __post_init__(self):
-        self.validate()
-
-    def validate(self) -> None:
+    def __post_init__(self):   # a grammar is whole: its root and every rule it names exist
         if self.root not in self.rules:
             raise GrammarError(f"the grammar has no root rule {self.root!r}")
         missing = sorted({r.name for body in self.rules.values() for r in refs_in(body)} - set(self.rules))
         if missing:
             raise GrammarError(f"undefined rule(s): {', '.join(missing)}")
-
-    def to_ebnf(self) -> str:
-        order = [self.root] + [n for n in self.rules if n != self.root]
-        return "".join(f"{name} ::= {expr_to_ebnf(self.rules[name])}\n" for name in order)
-
-    def __str__(self) -> str:
-        return self.to_ebnf()
 
 
 def refs_in(expr: Expr):
@@ -197,48 +187,3 @@ def refs_in(expr: Expr):
             todo.extend(reversed(e.items))
         elif isinstance(e, Repeat):
             todo.append(e.item)
-
-
-# ---------------------------------------------------------------- printing (EBNF, xgrammar's dialect)
-_STRING_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
-_CLASS_SPECIAL = set("]\\^-[")
-
-
-def _escape_char(cp: int, in_class: bool) -> str:
-    if cp in _STRING_ESCAPES and (not in_class or cp != ord('"')):
-        return _STRING_ESCAPES[cp]
-    if in_class and chr(cp) in _CLASS_SPECIAL:
-        return "\\" + chr(cp)
-    if cp < 0x20 or cp == 0x7F:
-        return f"\\x{cp:02x}"
-    if cp > 0x7E:
-        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
-    return chr(cp)
-
-
-def expr_to_ebnf(expr: Expr) -> str:
-    if isinstance(expr, Bytes):
-        text = expr.value.decode("utf-8")  # front ends only build UTF-8 literals
-        return '"' + "".join(_escape_char(ord(c), False) for c in text) + '"'
-    if isinstance(expr, CharClass):
-        parts = []
-        for lo, hi in expr.ranges:
-            parts.append(_escape_char(lo, True) if lo == hi else f"{_escape_char(lo, True)}-{_escape_char(hi, True)}")
-        return "[" + "".join(parts) + "]" if parts else '[^\\x00-\\U0010ffff]'
-    if isinstance(expr, Ref):
-        return expr.name
-    if isinstance(expr, Seq):
-        return " ".join(_atom(it) if isinstance(it, Alt) else expr_to_ebnf(it) for it in expr.items)
-    if isinstance(expr, Alt):
-        return " | ".join(expr_to_ebnf(it) for it in expr.items)
-    if isinstance(expr, Repeat):
-        suffix = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((expr.min, expr.max))
-        if suffix is None:
-            suffix = f"{{{expr.min},{'' if expr.max is None else expr.max}}}"
-        return _atom(expr.item) + suffix
-    raise TypeError(f"not a grammar expression: {expr!r}")
-
-
-def _atom(expr: Expr) -> str:
-    text = expr_to_ebnf(expr)
-    return text if isinstance(expr, (Bytes, CharClass, Ref)) else f"({text})"

@@ -14,7 +14,7 @@ rule, and a rule is copied only where it is used once, is small, or its copies s
 """
 from __future__ import annotations
 
-from .serving.budget import CompileBudget
+from .budget import CompileBudget
 from .grammar import Alt, Expr, Grammar, Ref, Repeat, Seq, refs_in
 from .nfa import nfa_states
 
@@ -65,7 +65,7 @@ def inline_rules(grammar: Grammar, budget: CompileBudget | None = None) -> Gramm
     budget = budget or CompileBudget.unlimited()
     grammar = merge_twin_rules(grammar, budget)
     calls = {name: {r.name for r in refs_in(body)} for name, body in grammar.rules.items()}
-    recursive = _recursive_rules(calls)
+    recursive = recursive_rules(calls)
     copies = _copies(grammar)
     bodies: dict[str, Expr] = {}     # rules already inlined, by name
     done: dict[str, Expr] = {}
@@ -159,7 +159,7 @@ def _callees_first(calls: dict[str, set[str]], roots: list[str]) -> list[str]:
     return order
 
 
-def _recursive_rules(calls: dict[str, set[str]]) -> set[str]:
+def recursive_rules(calls: dict[str, set[str]]) -> set[str]:
     """Rules that can reach themselves. Kosaraju's method: in the post-order above, the last rule
     finished starts a strongly connected component; walking the *reversed* call graph from it
     finds exactly its component. A rule is recursive if its component has more than one rule,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .serving.budget import CompileBudget
+from .budget import CompileBudget
 from .pda import DEAD, PDA, UNKNOWN
 from .vocab import TokenizerInfo
 

@@ -22,18 +22,11 @@ import numpy as np
 import torch
 
 from .automaton import Automaton, compile_automaton
-from .serving.budget import CompileBudget, recursion_guard
+from .budget import CompileBudget, recursion_guard
 from .grammar import Grammar
 from .mask_cache import PositionMask, VocabMatrix, classify_position
 from .pda import DEAD, END, PDA
 from .vocab import TokenizerInfo
-
-def vocab_matrix(info: TokenizerInfo) -> VocabMatrix:
-    """The vocabulary as a byte matrix, built once per TokenizerInfo and kept on it."""
-    matrix = getattr(info, "_matrix", None)
-    if matrix is None:
-        matrix = info._matrix = VocabMatrix(info)
-    return matrix
 
 
 @dataclass
@@ -61,16 +54,17 @@ def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = Tr
     inline=False keeps every rule separate (to see what inlining buys); minimize=False keeps
     every position as built, equivalent ones too (to see what merging them buys).
 
-    `budget` bounds this call: the automaton's size (max_build_states, checked before it is
-    built; max_states, checked once equivalent positions are merged),
-    and the deadline and cancel() for everything done here, mask precomputation included.
-    Masks filled lazily later, at generation time, are outside it. Raises LimitExceeded /
+    `budget` bounds this call: the automaton's size (max_build_states, max_states), and the
+    deadline and cancel() for everything done here, mask precomputation included (masks
+    filled lazily later, at generation time, are outside it). Raises LimitExceeded /
     CompileTimeout (GrammarErrors) or CompileCancelled; never RecursionError."""
     t0 = time.perf_counter()
     budget = budget or CompileBudget.unlimited()
     with recursion_guard("the grammar"):
         auto = compile_automaton(grammar, inline=inline, budget=budget, minimize_positions=minimize)
-        compiled = CompiledGrammar(grammar, info, auto, PDA(auto), vocab_matrix(info))
+        if getattr(info, "_matrix", None) is None:   # built once per TokenizerInfo, kept on it
+            info._matrix = VocabMatrix(info)
+        compiled = CompiledGrammar(grammar, info, auto, PDA(auto), info._matrix)
         if precompute:
             for pos in range(auto.num_positions):
                 if auto.scannable[pos]:

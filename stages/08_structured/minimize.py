@@ -23,7 +23,7 @@ and the set of (callee block, return block) pairs.
 """
 from __future__ import annotations
 
-from .serving.budget import CompileBudget
+from .budget import CompileBudget
 
 
 def minimize(final: list[bool], edges: list[tuple], calls: list[tuple],

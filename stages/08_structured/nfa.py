@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .serving.budget import CompileBudget
+from .budget import CompileBudget
 from .grammar import Alt, Bytes, CharClass, Expr, Ref, Repeat, Seq
 
 MAX_NFA_STATES = 500_000   # beyond this a rule is almost surely a runaway repetition count

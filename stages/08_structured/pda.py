@@ -22,8 +22,7 @@ lazily, for just the configurations generation actually visits.
 """
 from __future__ import annotations
 
-from .automaton import Automaton, compile_automaton
-from .grammar import Grammar
+from .automaton import Automaton
 
 END = -1        # the root rule returned: the input may end here
 UNKNOWN = -2    # returned into the unknown context below a mask-cache probe
@@ -124,9 +123,3 @@ class PDA:
     def can_end(self, sid: int) -> bool:
         return END in self.states[sid]
 
-
-def accepts(grammar: Grammar | PDA, text: str | bytes) -> bool:
-    """Does the grammar match the whole of `text`? (Tests and the schema suite use this.)"""
-    pda = grammar if isinstance(grammar, PDA) else PDA(compile_automaton(grammar))
-    data = text.encode() if isinstance(text, str) else text
-    return pda.can_end(pda.walk(pda.start_state(), data))

@@ -1,42 +1,52 @@
-"""Where a grammar comes from: `--json-schema FILE | --regex R | --grammar FILE` -> Grammar."""
+"""Where a grammar comes from. Each front end registers a *source kind*: the flag that selects
+it (`--json-schema FILE`, `--regex R`, `--grammar FILE`), its own options, and how the flag's
+value becomes a Grammar. The front ends (json_schema/, frontends/) register when imported."""
 from __future__ import annotations
 
-import json
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .grammar import Grammar, GrammarError
 
 
-def grammar_from_json_schema(source: str | Path, strict: bool = True, mode: str = "strict",
-                             default_bounds=None) -> Grammar:
-    """A schema file, or the schema itself as JSON text. `mode`: "strict" or "best-effort"
-    (json_schema/modes.py); what best-effort relaxed is in the grammar's `warnings`.
-    `default_bounds`: a DefaultBounds (json_schema/defaults.py), best-effort only."""
-    from .json_schema import json_schema_to_grammar
-
-    text = str(source)
-    if not text.lstrip().startswith(("{", "[", "true", "false")):
-        text = _read(source, "JSON schema")
-    try:
-        schema = json.loads(text)
-    except ValueError as e:  # JSONDecodeError, or an integer too long to read
-        raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
-    return json_schema_to_grammar(schema, strict=strict, mode=mode, default_bounds=default_bounds)
+@dataclass(frozen=True)
+class SourceKind:
+    flag: str                                                  # "--regex", with its metavar "R"
+    metavar: str
+    help: str
+    load: Callable[[str, argparse.Namespace], Grammar]         # (the flag's value, all options) -> Grammar
+    add_options: Callable[[argparse.ArgumentParser], None] | None = None  # the kind's own options
 
 
-def grammar_from_regex(pattern: str) -> Grammar:
-    from .frontends.regex_parser import regex_to_grammar
-
-    return regex_to_grammar(pattern)
+SOURCES: dict[str, SourceKind] = {}   # flag -> kind, in the order they registered
 
 
-def grammar_from_ebnf_file(path: str | Path) -> Grammar:
-    from .frontends.ebnf import parse_ebnf
-
-    return parse_ebnf(_read(path, "grammar"))
+def register_source(kind: SourceKind) -> None:
+    SOURCES[kind.flag] = kind
 
 
-def _read(path: str | Path, what: str) -> str:
+def add_source_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """One flag per registered kind (exactly one, if `required`), then each kind's options."""
+    group = parser.add_argument_group("grammar (exactly one)").add_mutually_exclusive_group(required=required)
+    for kind in SOURCES.values():
+        group.add_argument(kind.flag, metavar=kind.metavar, help=kind.help)
+        if kind.add_options is not None:
+            kind.add_options(parser)
+
+
+def grammar_from_args(args: argparse.Namespace) -> Grammar | None:
+    """The grammar of the source flag given (None if none was)."""
+    for kind in SOURCES.values():
+        value = getattr(args, kind.flag.lstrip("-").replace("-", "_"), None)
+        if value is not None:
+            return kind.load(value, args)
+    return None
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """A source file's text, or a GrammarError that names the file."""
     p = Path(path)
     if not p.is_file():
         raise GrammarError(f"{what} file not found: {p}")

@@ -15,16 +15,11 @@ from dataclasses import dataclass, field
 
 
 def _byte_level_table() -> dict[str, int]:
-    """GPT-2's printable stand-in character -> the byte it stands for."""
+    """GPT-2's printable stand-in character -> the byte it stands for: printable bytes stand for
+    themselves, the others (space, control bytes, ...) in order for U+0100, U+0101, ..."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
+    others = [b for b in range(256) if b not in printable]
+    return {**{chr(b): b for b in printable}, **{chr(256 + i): b for i, b in enumerate(others)}}
 
 
 _BYTE_LEVEL = _byte_level_table()

@@ -33,11 +33,11 @@ def generate(engine, grammar=None):
 def test_lookup_speculation_and_a_grammar_under_tp2_give_the_tp1_tokens(folder, byte_tok):
     from course.s08_structured.generate import GrammarLogitsProcessor
     from course.s08_structured.matcher import compile_grammar
-    from course.s08_structured.sources import grammar_from_regex
+    from course.s08_structured.frontends.regex_parser import regex_to_grammar
     from course.s08_structured.vocab import TokenizerInfo
 
     eos = byte_tok.eos_token_id
-    compiled = compile_grammar(grammar_from_regex(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
+    compiled = compile_grammar(regex_to_grammar(GRAMMAR), TokenizerInfo.from_huggingface(byte_tok, stop_ids=[eos]))
     grammar = lambda: GrammarLogitsProcessor(compiled)  # noqa: E731
     config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_batched_tokens=24)
     lookup = SpeculativeConfig("lookup", 3)

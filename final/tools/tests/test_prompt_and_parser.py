@@ -12,6 +12,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s08_structured.matcher import compile_grammar
+from course.s08_structured.serving.closing import CloseOnBudget
 from course.s08_structured.tools import Function, LazyGrammarLogitsProcessor, tool_call_grammar
 from course.s08_structured.vocab import TokenizerInfo
 from course.final.engine import Engine
@@ -102,7 +103,7 @@ def test_auto_mode_in_the_engine_free_text_then_a_valid_call():
     functions = [Function("get_weather", WEATHER), Function("ping")]
     compiled = compile_grammar(tool_call_grammar(functions, parallel=True, after_trigger=True), info)
     engine = Engine(model, tok, KernelEngineConfig(num_blocks=128, block_size=4), [tok.eos_token_id])
-    processors = [LazyGrammarLogitsProcessor(compiled, max_new_tokens=120, close_on_budget=True) for _ in range(3)]
+    processors = [LazyGrammarLogitsProcessor(compiled, max_new_tokens=120, narrow=CloseOnBudget()) for _ in range(3)]
     params = [SamplingParams(max_new_tokens=120, temperature=1.0, seed=seed,
                              logits_processors=[ForceText(tok, "Let me see. <tool_call>"), lazy])
               for seed, lazy in enumerate(processors)]

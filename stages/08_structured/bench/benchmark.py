@@ -17,7 +17,6 @@ Then our compile time for the example schemas as written (with string length bou
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 
@@ -25,11 +24,12 @@ import numpy as np
 
 from course.s01_decode_loop.bench.measure import bench_cli, timed
 
-from ..frontends.ebnf import parse_ebnf
 from ..automaton import compile_automaton
+from ..frontends.ebnf import parse_ebnf
+from ..frontends.regex_parser import regex_to_grammar
+from ..json_schema import json_schema_to_grammar
 from ..matcher import GrammarMatcher, allocate_token_bitmask, compile_grammar, pack_mask, unpack_bitmask
 from ..naive import naive_token_mask
-from ..sources import grammar_from_json_schema, grammar_from_regex
 from .testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path, xgrammar_comparable,
                       xgrammar_compile, xgrammar_compiler)
 from ..vocab import TokenizerInfo
@@ -44,8 +44,8 @@ def grammars() -> list[tuple[str, str, object]]:
 
 def build(kind: str, src):
     if kind == "json_schema":
-        return grammar_from_json_schema(json.dumps(src))
-    return grammar_from_regex(src) if kind == "regex" else parse_ebnf(src)
+        return json_schema_to_grammar(src)
+    return regex_to_grammar(src) if kind == "regex" else parse_ebnf(src)
 
 
 def timed_value(fn):
@@ -90,20 +90,31 @@ def bench_grammar(kind, name, src, tokenizer, info, paths: int, max_tokens: int,
                 naive.append(s)
                 assert np.array_equal(ref, mask)
             assert m.accept_token(t) and xm.accept_token(t)
-    entries = list(compiled.masks.values())
-    settled = sum(e.num_accepted + e.num_rejected for e in entries)
-    total = settled + sum(e.uncertain.size for e in entries)
-    kinds = {k: sum(e.kind == k for e in entries) for k in ("accepted", "rejected", "bitset")}
-    row = {"kind": kind, "grammar": name, "parse_s": parse_s, "compile_s": compile_s, "automaton_s": automaton_s, "xgrammar_compile_s": x_compile_s,
-           "positions": compiled.automaton.num_positions, "cached_positions": len(entries),
-           "context_independent_share": settled / total if total else 1.0, "storage": kinds,
-           "cache_bytes": sum(e.nbytes for e in entries),
+    cache = mask_cache_stats(compiled)
+    row = {"name": f"{kind}/{name}", "kind": kind, "grammar": name, "parse_s": parse_s, "compile_s": compile_s,
+           "automaton_s": automaton_s, "xgrammar_compile_s": x_compile_s,
+           **{k: cache[k] for k in ("positions", "cached_positions", "context_independent_share", "storage",
+                                    "cache_bytes")},
            "uncertain_checked_per_step": float(np.mean(checked)) if checked else 0.0,
            "breakdown_ms": time_breakdown(compile_grammar(grammar, info, inline=inline), token_paths),
            "ours": stats_ms(ours), "xgrammar": stats_ms(xg), "naive": stats_ms(naive)}
     row["naive_over_ours"] = row["naive"]["median_ms"] / row["ours"]["median_ms"]
     row["ours_over_xgrammar"] = row["ours"]["median_ms"] / row["xgrammar"]["median_ms"]
     return row
+
+
+def mask_cache_stats(compiled) -> dict:
+    """What the compile settled ahead of time: positions, (position, token) verdicts accepted,
+    rejected and uncertain, the share settled, and how the masks are stored (kinds, bytes)."""
+    entries = list(compiled.masks.values())
+    accepted, rejected = sum(e.num_accepted for e in entries), sum(e.num_rejected for e in entries)
+    uncertain = sum(e.uncertain.size for e in entries)
+    total = accepted + rejected + uncertain
+    return {"positions": compiled.automaton.num_positions, "cached_positions": len(entries),
+            "accepted": accepted, "rejected": rejected, "uncertain": uncertain,
+            "context_independent_share": (accepted + rejected) / total if total else 1.0,
+            "storage": {k: sum(e.kind == k for e in entries) for k in ("accepted", "rejected", "bitset")},
+            "cache_bytes": sum(e.nbytes for e in entries)}
 
 
 def time_breakdown(compiled, token_paths) -> dict:
@@ -158,8 +169,9 @@ def run(args: argparse.Namespace) -> dict:
     for name, schema in EXAMPLE_SCHEMAS.items():
         if args.only and name not in args.only:
             continue
-        compiled, s = timed_value(lambda: compile_grammar(grammar_from_json_schema(json.dumps(schema)), info))
-        compile_rows.append({"schema": name, "compile_s": s, "positions": compiled.automaton.num_positions})
+        compiled, s = timed_value(lambda: compile_grammar(json_schema_to_grammar(schema), info))
+        compile_rows.append({"name": name, "schema": name, "compile_s": s,
+                             "positions": compiled.automaton.num_positions})
     med = lambda key: float(np.median([r[key] for r in rows]))  # noqa: E731
     summary = {"vocab_size": info.vocab_size, "median_naive_over_ours": med("naive_over_ours"),
                "median_ours_over_xgrammar": med("ours_over_xgrammar")}

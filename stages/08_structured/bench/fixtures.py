@@ -17,3 +17,12 @@ def smollm2_info(smollm2_tokenizer):
     from course.s08_structured.vocab import TokenizerInfo
 
     return TokenizerInfo.from_huggingface(smollm2_tokenizer, vocab_size=49152)
+
+
+@pytest.fixture(scope="session")
+def smollm2_xgrammar(smollm2_tokenizer, smollm2_info):
+    """xgrammar's compiler (the outside reference) for the same vocabulary, built once."""
+    pytest.importorskip("xgrammar")
+    from course.s08_structured.bench.testing import xgrammar_compiler
+
+    return xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size)

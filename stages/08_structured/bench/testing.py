@@ -1,13 +1,16 @@
-"""Helpers the stage's tests, benchmark and notebook share: a small vocabulary with multi-byte
-tokens, random valid token paths, and xgrammar as the outside reference."""
+"""Helpers the stage's tests, benchmark and notebook share: the example grammars, whether a
+grammar accepts a string, a small vocabulary with multi-byte tokens, random valid token paths,
+and xgrammar as the outside reference."""
 from __future__ import annotations
 
 import random
 
 import numpy as np
 
+from ..automaton import compile_automaton
 from ..grammar import Alt, Bytes, CharClass, Grammar, Ref, Seq
 from ..matcher import GrammarMatcher
+from ..pda import PDA
 from ..vocab import TokenizerInfo
 
 EXAMPLE_SCHEMAS = {
@@ -59,6 +62,26 @@ value ::= [0-9]+ | "'" [^'\\n]* "'"
 name ::= [a-z_] [a-z0-9_]*
 """,
 }
+
+
+def accepts(grammar: Grammar | PDA, text: str | bytes) -> bool:
+    """Does the grammar match the whole of `text`? A grammar's automaton is built on its first
+    question and kept for the next ones (the last few grammars asked about)."""
+    pda = grammar if isinstance(grammar, PDA) else _pda_of(grammar)
+    data = text.encode() if isinstance(text, str) else text
+    return pda.can_end(pda.walk(pda.start_state(), data))
+
+
+_PDAS: dict[int, tuple[Grammar, PDA]] = {}   # id(grammar) -> (the grammar, kept alive; its PDA)
+
+
+def _pda_of(grammar: Grammar) -> PDA:
+    hit = _PDAS.get(id(grammar))
+    if hit is None:
+        if len(_PDAS) >= 64:
+            _PDAS.pop(next(iter(_PDAS)))         # the oldest
+        hit = _PDAS[id(grammar)] = (grammar, PDA(compile_automaton(grammar)))
+    return hit[1]
 
 
 def synthetic_vocab(seed: int = 0, size: int = 600, texts=("{}[]\":, -0123456789.ab_eé😀truefalsnul",)) -> TokenizerInfo:

@@ -1,4 +1,5 @@
-"""EBNF text -> Grammar: a recursive-descent parser for the GBNF dialect (llama.cpp, xgrammar).
+"""EBNF text <-> Grammar: a recursive-descent parser for the GBNF dialect (llama.cpp, xgrammar),
+and the printer that writes any grammar in it (`to_ebnf`).
 
     root   ::= value                    # a rule: name ::= expression
     value  ::= "null" | number | "[" ws ( value ( "," ws value )* )? "]"
@@ -32,9 +33,10 @@ from __future__ import annotations
 
 import re
 
-from ..grammar import MAX_CODEPOINT, SURROGATES, CharClass, Expr, Grammar, GrammarError, Ref, alt, lit, repeat, seq
+from ..grammar import (MAX_CODEPOINT, SURROGATES, Alt, Bytes, CharClass, Expr, Grammar, GrammarError, Ref, Repeat,
+                       Seq, alt, lit, repeat, seq)
 
-__all__ = ["parse_ebnf"]
+__all__ = ["expr_to_ebnf", "parse_ebnf", "to_ebnf"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _NUMBER = re.compile(r"[0-9]+")
@@ -291,3 +293,55 @@ class _Parser:
             self.pos += 2 + n
             return chr(cp)
         raise self.error(f"bad escape {self.text[start:start + 2]!r} in {where}", start, show=False)
+
+
+# ---------------------------------------------------------------- printing: Grammar -> EBNF
+def to_ebnf(grammar: Grammar) -> str:
+    """The grammar in this dialect, root rule first: `parse_ebnf(to_ebnf(g)) == g`, and xgrammar
+    reads it too (how tests hand the very same grammar to the outside reference)."""
+    order = [grammar.root] + [n for n in grammar.rules if n != grammar.root]
+    return "".join(f"{name} ::= {expr_to_ebnf(grammar.rules[name])}\n" for name in order)
+
+
+_STRING_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"}
+_CLASS_SPECIAL = set("]\\^-[")
+
+
+def _escape_char(cp: int, in_class: bool) -> str:
+    if cp in _STRING_ESCAPES and (not in_class or cp != ord('"')):
+        return _STRING_ESCAPES[cp]
+    if in_class and chr(cp) in _CLASS_SPECIAL:
+        return "\\" + chr(cp)
+    if cp < 0x20 or cp == 0x7F:
+        return f"\\x{cp:02x}"
+    if cp > 0x7E:
+        return f"\\u{cp:04x}" if cp <= 0xFFFF else f"\\U{cp:08x}"
+    return chr(cp)
+
+
+def expr_to_ebnf(expr: Expr) -> str:
+    if isinstance(expr, Bytes):
+        text = expr.value.decode("utf-8")  # front ends only build UTF-8 literals
+        return '"' + "".join(_escape_char(ord(c), False) for c in text) + '"'
+    if isinstance(expr, CharClass):
+        parts = []
+        for lo, hi in expr.ranges:
+            parts.append(_escape_char(lo, True) if lo == hi else f"{_escape_char(lo, True)}-{_escape_char(hi, True)}")
+        return "[" + "".join(parts) + "]" if parts else '[^\\x00-\\U0010ffff]'
+    if isinstance(expr, Ref):
+        return expr.name
+    if isinstance(expr, Seq):
+        return " ".join(_atom(it) if isinstance(it, Alt) else expr_to_ebnf(it) for it in expr.items)
+    if isinstance(expr, Alt):
+        return " | ".join(expr_to_ebnf(it) for it in expr.items)
+    if isinstance(expr, Repeat):
+        suffix = {(0, None): "*", (1, None): "+", (0, 1): "?"}.get((expr.min, expr.max))
+        if suffix is None:
+            suffix = f"{{{expr.min},{'' if expr.max is None else expr.max}}}"
+        return _atom(expr.item) + suffix
+    raise TypeError(f"not a grammar expression: {expr!r}")
+
+
+def _atom(expr: Expr) -> str:
+    text = expr_to_ebnf(expr)
+    return text if isinstance(expr, (Bytes, CharClass, Ref)) else f"({text})"

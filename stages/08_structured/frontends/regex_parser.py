@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from ..serving.budget import CompileBudget, recursion_guard
+from ..budget import CompileBudget, recursion_guard
 from ..grammar import Bytes, CharClass, Expr, Grammar, GrammarError, alt, lit, repeat, seq
 
 __all__ = ["parse_regex", "regex_to_grammar"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
+from ..budget import LimitExceeded
 from ..frontends.regex_parser import parse_regex
 from ..grammar import EMPTY, CharClass, Expr, GrammarError, Ref, Seq, chars, lit, opt, repeat, star
-from ..serving.budget import LimitExceeded
 from .context import SchemaContext
 from .defaults import DefaultBounds
 from .flatten import Flat, Flattener, int_bounds

@@ -7,8 +7,8 @@ import re
 from contextlib import contextmanager
 from urllib.parse import unquote
 
+from ..budget import CompileBudget
 from ..grammar import EMPTY, Bytes, CharClass, Expr, Ref
-from ..serving.budget import CompileBudget
 from .defaults import DefaultBounds
 from .keywords import SchemaError, UnsupportedSchemaError, resolve_pointer
 from .modes import Relaxer

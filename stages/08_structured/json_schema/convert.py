@@ -124,17 +124,18 @@ one alternative -> grammar pieces), values.py (leaf pieces: integer ranges, stri
 patterns, the shared helper rules), numbers.py (number bounds), modes.py (strict and
 best-effort), defaults.py (serving-mode default bounds). This file ties them together and
 cleans up the rules built. A schema from a stranger is compiled under a CompileBudget
-(serving/budget.py): its limits are checked where each keyword is read.
+(the stage's budget.py): its limits are checked where each keyword is read.
 """
 from __future__ import annotations
 
 import json
 
+from ..budget import CompileBudget, recursion_guard
 from ..grammar import Alt, Bytes, CharClass, Expr, Grammar, Ref, Repeat, Seq, refs_in
-from ..serving.budget import CompileBudget, recursion_guard
 from .build import Builder
 from .context import SchemaContext
 from .defaults import DefaultBounds
+from .document import check_document
 from .keywords import EmptySchemaError, SchemaError
 from .modes import BEST_EFFORT, STRICT, Relaxer
 from .values import NEVER, alt_or_never, repeat_or_never, seq_or_never
@@ -197,7 +198,7 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mo
     "best-effort" relaxes it, and `grammar.warnings` lists each relaxation (SchemaWarning).
     `strict` is a different switch: how absent keywords are read (closed objects, formats).
 
-    `budget` (see serving/budget.py) bounds the work for a schema from a stranger: the document is
+    `budget` (the stage's budget.py) bounds the work for a schema from a stranger: the document is
     measured first (max_depth, max_nodes, in one cheap walk), each keyword is checked where it
     is read (max_enum_values, max_properties, max_repeat, max_integer_digits, max_depth for
     $ref chains), and the deadline and cancel() are checked as it goes. Raises GrammarError
@@ -214,7 +215,7 @@ def json_schema_to_grammar(schema: dict | bool | str, *, strict: bool = True, mo
             except ValueError as e:  # JSONDecodeError, or an integer too long to read
                 raise SchemaError(f"the schema is not valid JSON: {e}") from None
         budget.check()
-        budget.check_document(schema)
+        check_document(budget, schema)
         ctx = SchemaContext(schema, strict, budget, Relaxer(mode),
                             default_bounds if mode == BEST_EFFORT else None)
         Builder(ctx).ref_rule("#")  # the root rule, and every rule it needs

@@ -249,7 +249,7 @@ class Flattener:
 
     def within_budget(self, schema: dict, path: str) -> None:
         """The size limits of one schema object's keywords, checked where they are read, before
-        any grammar is built from them (see serving/budget.py)."""
+        any grammar is built from them (see the stage's budget.py)."""
         at_most = self.ctx.budget.at_most
         if "enum" in schema:
             at_most("max_enum_values", len(schema["enum"]), f"the enum at {path} has {len(schema['enum'])} values")

@@ -70,7 +70,7 @@ def _short(e: BaseException, n: int = 160) -> str:
 def _ours(schema, mode: str, info, timeout_s: float, compile_masks: bool, limits: dict | None = None):
     """(status, detail, grammar, compiled, seconds). status: ok / refused (budget) / unsupported /
     error. Schema -> grammar (and, if compile_masks, automaton + precomputed masks) under one budget."""
-    from ..serving.budget import CompileBudget, CompileCancelled, LimitExceeded
+    from ..budget import CompileBudget, CompileCancelled, LimitExceeded
     from ..grammar import GrammarError
     from ..json_schema import json_schema_to_grammar
     from ..matcher import compile_grammar

@@ -99,6 +99,7 @@ def run_schemas(loaded, schemas: dict[str, dict], max_new_tokens: int, default_b
     from ..generate import ConstrainedGenerator
     from ..json_schema import json_schema_to_grammar
     from ..matcher import compile_grammar
+    from ..serving.closing import CloseOnBudget
     from ..vocab import TokenizerInfo
 
     info = TokenizerInfo.from_huggingface(loaded.tokenizer, loaded.config.vocab_size, stop_ids=loaded.eos_token_ids)
@@ -109,8 +110,7 @@ def run_schemas(loaded, schemas: dict[str, dict], max_new_tokens: int, default_b
         grammar = json_schema_to_grammar(schema, mode="best-effort", **kwargs)
         compiled = compile_grammar(grammar, info, precompute=False)
         t1 = time.perf_counter()
-        gen = ConstrainedGenerator(compiled, close_on_budget=close_on_budget) if close_on_budget \
-            else ConstrainedGenerator(compiled)
+        gen = ConstrainedGenerator(compiled, narrow=CloseOnBudget() if close_on_budget else None)
         ids = encode_prompt(loaded.tokenizer, prompt.format(schema=json.dumps(schema)),
                             chat=getattr(loaded.tokenizer, "chat_template", None) is not None)
         out = run_to_end(gen, loaded.model, loaded.tokenizer, ids,

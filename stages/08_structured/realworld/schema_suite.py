@@ -38,10 +38,11 @@ from course.s01_decode_loop.default_model import cache_root
 from course.s01_decode_loop.bench.measure import bench_cli
 
 from ..automaton import compile_automaton
+from ..bench.testing import accepts
 from ..json_schema import (MODES, STRICT, EmptySchemaError, SchemaError, UnsupportedSchemaError, canonical_json,
                           json_schema_to_grammar)
 from ..json_schema.keywords import resolve_pointer
-from ..pda import PDA, accepts
+from ..pda import PDA
 
 PACKAGE, VERSION, DRAFT = "jsonschema", "4.26.0", "draft2020-12"
 

@@ -1,2 +1,2 @@
-"""What a server adds to the lesson's compiler: a budget for each compile (budget.py) and
-answers that close before max_new_tokens runs out (closing.py)."""
+"""What a server adds to the lesson's masks: answers that close before max_new_tokens runs out
+(closing.py's CloseOnBudget, plugged into GrammarLogitsProcessor's `narrow`)."""

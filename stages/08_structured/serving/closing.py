@@ -38,10 +38,12 @@ vocabulary: about 30-100 ms each for 49,152 tokens in Python).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..automaton import Automaton
+from ..matcher import GrammarMatcher
 from ..pda import END, PDA
 
 INF = float("inf")
@@ -148,3 +150,13 @@ def restrict_to_closing(mask: np.ndarray, state: int, remaining: int, compiled, 
     mask[:] = False
     mask[keep] = True
     return True
+
+
+@dataclass(frozen=True)
+class CloseOnBudget:
+    """Closing as the lesson's mask narrower: `GrammarLogitsProcessor(..., narrow=CloseOnBudget())`
+    (or ConstrainedGenerator's `narrow`). Holds nothing per request, so one serves them all."""
+    margin: int = 16
+
+    def __call__(self, mask: np.ndarray, matcher: GrammarMatcher, remaining: int) -> bool:
+        return restrict_to_closing(mask, matcher.state, remaining, matcher.compiled, self.margin)

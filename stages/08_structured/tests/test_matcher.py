@@ -5,15 +5,16 @@ import numpy as np
 import pytest
 import torch
 
+from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
+                                                 synthetic_vocab)
+from course.s08_structured.frontends.ebnf import parse_ebnf
+from course.s08_structured.frontends.regex_parser import regex_to_grammar
 from course.s08_structured.grammar import Grammar, GrammarError, chars, lit, seq, star
+from course.s08_structured.json_schema import json_schema_to_grammar
 from course.s08_structured.mask_cache import _store
 from course.s08_structured.matcher import (GrammarMatcher, allocate_token_bitmask, apply_token_bitmask,
                                            compile_grammar, pack_mask, unpack_bitmask)
 from course.s08_structured.naive import naive_token_mask
-from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
-from course.s08_structured.frontends.ebnf import parse_ebnf
-from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
-                                           synthetic_vocab)
 
 VOCAB = synthetic_vocab(seed=0, texts=("{}[]\":, -0123456789.ab_eé😀truefalsnul", "SELECT * FROM WHERE AND ()+-*/",
                                        "yes no because @.com.org (555) 123-4567 ABC-019 2024-11-22"))
@@ -21,9 +22,9 @@ VOCAB = synthetic_vocab(seed=0, texts=("{}[]\":, -0123456789.ab_eé😀truefalsn
 
 def example_grammars():
     for name, schema in EXAMPLE_SCHEMAS.items():
-        yield f"schema-{name}", lambda s=schema: grammar_from_json_schema(__import__("json").dumps(s))
+        yield f"schema-{name}", lambda s=schema: json_schema_to_grammar(s)
     for name, pattern in EXAMPLE_REGEXES.items():
-        yield f"regex-{name}", lambda p=pattern: grammar_from_regex(p)
+        yield f"regex-{name}", lambda p=pattern: regex_to_grammar(p)
     for name, text in EXAMPLE_EBNF.items():
         yield f"ebnf-{name}", lambda t=text: parse_ebnf(t)
 
@@ -91,7 +92,7 @@ def test_stop_token_only_where_the_grammar_can_end_and_special_tokens_never():
 
 
 def test_a_rejected_token_leaves_the_state_unchanged():
-    m = GrammarMatcher(compile_grammar(grammar_from_regex("[0-9]+"), VOCAB))
+    m = GrammarMatcher(compile_grammar(regex_to_grammar("[0-9]+"), VOCAB))
     before = m.next_token_mask()
     assert not m.accept_token(VOCAB.token_bytes.index(b"a"))
     assert m.num_accepted == 0 and np.array_equal(m.next_token_mask(), before)

@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 
 from course.s08_structured.automaton import compile_automaton
-from course.s08_structured.serving.budget import CompileBudget, LimitExceeded
+from course.s08_structured.budget import CompileBudget, LimitExceeded
 from course.s08_structured.json_schema import json_schema_to_grammar
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.minimize import _joined, minimize
-from course.s08_structured.pda import accepts
-from course.s08_structured.bench.testing import random_valid_path, synthetic_vocab
+from course.s08_structured.bench.testing import accepts, random_valid_path, synthetic_vocab
 
 from .test_shared_automata import EXTRA_KEYS, config_schema
 

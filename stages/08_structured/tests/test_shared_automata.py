@@ -10,15 +10,16 @@ import jsonschema
 import numpy as np
 import pytest
 
-from course.s08_structured.automaton import _NFA, compile_automaton, inline_rules
-from course.s08_structured.serving.budget import CompileBudget
+from course.s08_structured.automaton import compile_automaton
+from course.s08_structured.inlining import inline_rules
+from course.s08_structured.nfa import _NFA
+from course.s08_structured.budget import CompileBudget
 from course.s08_structured.json_schema import json_schema_to_grammar
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 from course.s08_structured.naive import naive_token_mask
 from course.s08_structured.nfa import nfa_states
-from course.s08_structured.pda import accepts
-from course.s08_structured.bench.testing import (random_valid_path, sample_strings, synthetic_vocab, xgrammar_compile,
-                                           xgrammar_compiler, xgrammar_mask)
+from course.s08_structured.bench.testing import (accepts, random_valid_path, sample_strings, synthetic_vocab,
+                                                 xgrammar_compile, xgrammar_mask)
 
 VOCAB = synthetic_vocab(seed=3, texts=("{}[]\":, -0123456789.ab_eé😀truefalsnul",
                                        '{"option_12": 3, "choices": [{"key": "label", "kind": "int", "optional": '
@@ -113,14 +114,13 @@ def test_extra_keys_still_avoid_the_declared_names():
 # The changie-like shape at 40 options (16,921 positions if every copy were built: over
 # max_states), compiled under the default budget and compared with xgrammar on SmolLM2.
 @pytest.mark.slow
-def test_a_changie_shaped_schema_compiles_and_its_masks_equal_xgrammar(smollm2_tokenizer, smollm2_info):
+def test_a_changie_shaped_schema_compiles_and_its_masks_equal_xgrammar(smollm2_xgrammar, smollm2_info):
     import xgrammar as xgr
 
     schema = config_schema(40)
     compiled = compile_grammar(json_schema_to_grammar(schema, mode="best-effort"), smollm2_info,
                                budget=CompileBudget())
-    x_compiled = xgrammar_compile(xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size), schema,
-                                  "json_schema")
+    x_compiled = xgrammar_compile(smollm2_xgrammar, schema, "json_schema")
     special = sorted(smollm2_info.special_ids)
     rng = random.Random("config")
     steps = 0

@@ -5,18 +5,17 @@ regexes (each side's own regex parser) and EBNF grammars (the same text).
 xgrammar leaves SmolLM2's special tokens (<|im_start|>, ...) to its ordinary-text rules; we
 never allow them, so those ids are compared separately. xgrammar's length-bounded strings and dates
 differ from JSON's (bench/testing.py: xgrammar_comparable), so schemas are compared without them."""
-import json
 import random
 
 import numpy as np
 import pytest
 
-from course.s08_structured.frontends.ebnf import parse_ebnf
-from course.s08_structured.matcher import GrammarMatcher, compile_grammar
-from course.s08_structured.sources import grammar_from_json_schema, grammar_from_regex
 from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
-                                           xgrammar_comparable, xgrammar_compile, xgrammar_compiler,
-                                           xgrammar_mask)
+                                                 xgrammar_comparable, xgrammar_compile, xgrammar_mask)
+from course.s08_structured.frontends.ebnf import parse_ebnf
+from course.s08_structured.frontends.regex_parser import regex_to_grammar
+from course.s08_structured.json_schema import json_schema_to_grammar
+from course.s08_structured.matcher import GrammarMatcher, compile_grammar
 
 CASES = ([("json_schema", n) for n in EXAMPLE_SCHEMAS] + [("regex", n) for n in EXAMPLE_REGEXES]
          + [("ebnf", n) for n in EXAMPLE_EBNF])
@@ -24,9 +23,9 @@ CASES = ([("json_schema", n) for n in EXAMPLE_SCHEMAS] + [("regex", n) for n in 
 
 def ours(kind, name):
     if kind == "json_schema":
-        return grammar_from_json_schema(json.dumps(source(kind, name)))
+        return json_schema_to_grammar(source(kind, name))
     if kind == "regex":
-        return grammar_from_regex(EXAMPLE_REGEXES[name])
+        return regex_to_grammar(EXAMPLE_REGEXES[name])
     return parse_ebnf(EXAMPLE_EBNF[name])
 
 
@@ -36,19 +35,14 @@ def source(kind, name):
     return {"regex": EXAMPLE_REGEXES, "ebnf": EXAMPLE_EBNF}[kind][name]
 
 
-@pytest.fixture(scope="module")
-def x_compiler(smollm2_tokenizer, smollm2_info):
-    return xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,name", CASES)
-def test_masks_equal_xgrammar_at_every_step(kind, name, x_compiler, smollm2_info):
+def test_masks_equal_xgrammar_at_every_step(kind, name, smollm2_xgrammar, smollm2_info):
     import xgrammar as xgr
 
     vocab = smollm2_info.vocab_size
     compiled = compile_grammar(ours(kind, name), smollm2_info)
-    x_compiled = xgrammar_compile(x_compiler, source(kind, name), kind)
+    x_compiled = xgrammar_compile(smollm2_xgrammar, source(kind, name), kind)
     special = sorted(smollm2_info.special_ids)
     rng = random.Random(name)
     steps = 0

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from ..budget import CompileBudget, recursion_guard
 from ..grammar import Alt, Expr, Grammar, GrammarError, Ref, Repeat, Seq, alt, lit, seq, star
 from ..json_schema import BEST_EFFORT, STRICT, DefaultBounds, json_schema_to_grammar
-from ..serving.budget import CompileBudget, recursion_guard
+from ..json_schema.document import check_document
 
 OPEN, CLOSE, SEPARATOR = "<tool_call>", "</tool_call>", "\n"
 NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI: omitted parameters = an empty list
@@ -56,7 +57,7 @@ def tool_call_grammar(functions: list[Function], *, parallel: bool = False, afte
     if len({f.name for f in functions}) != len(functions):
         raise GrammarError("tools: two functions share a name")
     budget = budget or CompileBudget.unlimited()
-    budget.check_document([f.parameters for f in functions], "the tools' parameter schemas")
+    check_document(budget, [f.parameters for f in functions], "the tools' parameter schemas")
     rules: dict[str, Expr] = {}
     warnings, keep, branches = [], set(), []
     with recursion_guard("the tools' parameter schemas"):  # renamed() recurses

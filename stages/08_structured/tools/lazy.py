@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..generate import GrammarLogitsProcessor
+from ..generate import GrammarLogitsProcessor, MaskNarrower
 from ..matcher import CompiledGrammar
 from ..pda import DEAD
 from ..vocab import TokenizerInfo
@@ -52,8 +52,8 @@ class LazyGrammarLogitsProcessor:
     went back (speculation) is replayed from its start."""
 
     def __init__(self, compiled: CompiledGrammar, trigger_tokens: TriggerTokens | None = None, *,
-                 max_new_tokens: int | None = None, close_on_budget: bool = False):
-        self.compiled, self.max_new_tokens, self.close_on_budget = compiled, max_new_tokens, close_on_budget
+                 max_new_tokens: int | None = None, narrow: MaskNarrower | None = None):
+        self.compiled, self.max_new_tokens, self.narrow = compiled, max_new_tokens, narrow
         self.triggers = trigger_tokens or TriggerTokens(compiled.info)
         self.token_bytes, self.pda = compiled.info.token_bytes, compiled.pda
         self._reset()
@@ -131,7 +131,7 @@ class LazyGrammarLogitsProcessor:
 
     def _start_grammar(self, index: int, rest: bytes) -> None:
         left = None if self.max_new_tokens is None else self.max_new_tokens - index - 1
-        self.inner = GrammarLogitsProcessor(self.compiled, max_new_tokens=left, close_on_budget=self.close_on_budget)
+        self.inner = GrammarLogitsProcessor(self.compiled, max_new_tokens=left, narrow=self.narrow)
         if rest and not self.inner.matcher.accept_string(rest):
             raise ValueError(f"the bytes after the trigger, {rest!r}, are not a valid start of the grammar")
         self.triggered_at, self.text = index, b""

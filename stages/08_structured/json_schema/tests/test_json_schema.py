@@ -31,10 +31,12 @@ import jsonschema
 import pytest
 
 from course.s08_structured.automaton import compile_automaton
+from course.s08_structured.bench.testing import accepts
+from course.s08_structured.frontends.ebnf import to_ebnf
 from course.s08_structured.grammar import GrammarError
 from course.s08_structured.json_schema import (EmptySchemaError, SchemaError, UnsupportedSchemaError,
                                                canonical_json, json_schema_to_grammar)
-from course.s08_structured.pda import PDA, accepts
+from course.s08_structured.pda import PDA
 from course.s08_structured.realworld.schema_suite import canonical_instance
 
 # name -> (schema, strict)
@@ -487,13 +489,13 @@ def test_grammar_stays_small():
     """Optional properties: one rule per property, not one alternative per subset."""
     schema = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}}
     grammar = json_schema_to_grammar(schema)
-    assert len(grammar.rules) < 50 and len(grammar.to_ebnf()) < 6000
+    assert len(grammar.rules) < 50 and len(to_ebnf(grammar)) < 6000
     text = "{" + ", ".join(f'"p{i}": {i}' for i in range(0, 40, 3)) + "}"
     assert accepts(grammar, text)
     nested = {"type": "object", "properties": {"x": {"type": "integer"}}}
     for _ in range(30):
         nested = {"type": "object", "properties": {"x": nested, "y": {"type": "string"}}}
-    assert len(json_schema_to_grammar(nested).to_ebnf()) < 20000
+    assert len(to_ebnf(json_schema_to_grammar(nested))) < 20000
 
 
 # ------------------------------------------------------------------ agreement with xgrammar
@@ -509,7 +511,7 @@ def xgrammar_matchers(name):
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(byte_tokenizer(), vocab_size=258))
     schema = SCHEMAS[name][0]
     theirs = compiler.compile_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
-    ours_there = compiler.compile_grammar(xgr.Grammar.from_ebnf(json_schema_to_grammar(schema).to_ebnf()))
+    ours_there = compiler.compile_grammar(xgr.Grammar.from_ebnf(to_ebnf(json_schema_to_grammar(schema))))
 
     def run(compiled, text):
         matcher = xgr.GrammarMatcher(compiled)

@@ -11,7 +11,7 @@ import pytest
 from course.s08_structured.json_schema import (BEST_EFFORT, STRICT, SchemaWarning, UnsupportedSchemaError,
                                                canonical_json, json_schema_to_grammar)
 from course.s08_structured.json_schema.modes import Relaxer
-from course.s08_structured.pda import accepts
+from course.s08_structured.bench.testing import accepts
 
 # schema, keyword, pointer, a value the relaxed grammar accepts although the schema rejects it
 RELAXATIONS = [

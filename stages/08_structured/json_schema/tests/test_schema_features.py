@@ -20,9 +20,8 @@ import jsonschema
 import pytest
 
 from course.s08_structured.json_schema import json_schema_to_grammar
-from course.s08_structured.pda import accepts
 from course.s08_structured.realworld.schema_suite import canonical_instance
-from course.s08_structured.bench.testing import format_checker, sample_strings
+from course.s08_structured.bench.testing import accepts, format_checker, sample_strings
 
 FORMAT_CHECKER = format_checker()
 
@@ -243,17 +242,17 @@ def _xgrammar_invalid(fmt, text) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["hostname", "uri"])
-def test_format_masks_equal_xgrammar(fmt, smollm2_tokenizer, smollm2_info):
+def test_format_masks_equal_xgrammar(fmt, smollm2_xgrammar, smollm2_info):
     """Token masks at every step of random valid outputs, on the real 49,152-token vocabulary."""
     import numpy as np
     import xgrammar as xgr
 
     from course.s08_structured.matcher import GrammarMatcher, compile_grammar
-    from course.s08_structured.bench.testing import random_valid_path, xgrammar_compile, xgrammar_compiler, xgrammar_mask
+    from course.s08_structured.bench.testing import random_valid_path, xgrammar_compile, xgrammar_mask
 
     schema = {"type": "string", "format": fmt}
     compiled = compile_grammar(json_schema_to_grammar(schema, mode="best-effort"), smollm2_info)
-    x_compiled = xgrammar_compile(xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size), schema, "json_schema")
+    x_compiled = xgrammar_compile(smollm2_xgrammar, schema, "json_schema")
     special = sorted(smollm2_info.special_ids)
     rng = random.Random(fmt)
     for _ in range(2):

@@ -11,13 +11,14 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s08_structured.realworld import bench_finish
 from course.s08_structured.cli import main
-from course.s08_structured.serving.closing import ClosingPlanner, min_accept_distance
+from course.s08_structured.serving.closing import CloseOnBudget, ClosingPlanner, min_accept_distance
+from course.s08_structured.frontends.ebnf import to_ebnf
 from course.s08_structured.generate import ConstrainedGenerator, GrammarLogitsProcessor
 from course.s08_structured.json_schema import SERVING_BOUNDS, DefaultBounds, json_schema_to_grammar
 from course.s08_structured.matcher import compile_grammar
-from course.s08_structured.pda import PDA, accepts
+from course.s08_structured.pda import PDA
 from course.s08_structured.automaton import compile_automaton
-from course.s08_structured.bench.testing import EXAMPLE_SCHEMAS
+from course.s08_structured.bench.testing import EXAMPLE_SCHEMAS, accepts
 from course.s08_structured.vocab import TokenizerInfo
 
 MIXED = {"type": "object", "properties": {
@@ -66,10 +67,10 @@ def test_strict_mode_and_no_bounds_are_unchanged():
     for name, schema in [*EXAMPLE_SCHEMAS.items(), ("mixed", MIXED)]:
         plain = json_schema_to_grammar(schema, mode="strict")
         bounded = json_schema_to_grammar(schema, mode="strict", default_bounds=SERVING_BOUNDS)
-        assert bounded.to_ebnf() == plain.to_ebnf() and bounded.warnings == plain.warnings == (), name
+        assert to_ebnf(bounded) == to_ebnf(plain) and bounded.warnings == plain.warnings == (), name
         best = json_schema_to_grammar(schema, mode="best-effort")
-        assert json_schema_to_grammar(schema, mode="best-effort", default_bounds=DefaultBounds()).to_ebnf() \
-            == best.to_ebnf(), name
+        assert to_ebnf(json_schema_to_grammar(schema, mode="best-effort", default_bounds=DefaultBounds())) \
+            == to_ebnf(best), name
     assert accepts(json_schema_to_grammar(MIXED, mode="strict", default_bounds=BOUNDS), doc(free="x" * 500))
 
 
@@ -130,7 +131,7 @@ def test_closing_finishes_where_the_plain_mask_is_cut(tiny, max_new_tokens):
     assert cut.finish_reason == "length" and len(cut.token_ids) == max_new_tokens
     with pytest.raises(ValueError):
         json.loads(cut.text)
-    closed = _generate(tiny, grammar, max_new_tokens, close_on_budget=True)
+    closed = _generate(tiny, grammar, max_new_tokens, narrow=CloseOnBudget())
     assert closed.finish_reason == "stop" and len(closed.token_ids) <= max_new_tokens
     jsonschema.validate(json.loads(closed.text), UNBOUNDED)
     # before the window opens (41 bytes to close + the stop token + a margin of 16) the tokens
@@ -142,17 +143,17 @@ def test_closing_finishes_where_the_plain_mask_is_cut(tiny, max_new_tokens):
 def test_closing_with_the_smallest_possible_budget(tiny):
     grammar = json_schema_to_grammar(UNBOUNDED, mode="best-effort")
     need = len('{"title": "", "body": "", "labels": []}') + 1   # bytes, one token each, and the stop token
-    out = _generate(tiny, grammar, need, close_on_budget=True, margin=0)
+    out = _generate(tiny, grammar, need, narrow=CloseOnBudget(margin=0))
     assert out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), UNBOUNDED)
-    short = _generate(tiny, grammar, need - 1, close_on_budget=True)   # impossible: told truthfully
+    short = _generate(tiny, grammar, need - 1, narrow=CloseOnBudget())   # impossible: told truthfully
     assert short.finish_reason == "length"
 
 
 def test_strict_grammar_closes_on_budget_too_and_its_language_is_unchanged(tiny):
     grammar = json_schema_to_grammar(UNBOUNDED, mode="strict", default_bounds=SERVING_BOUNDS)
-    assert grammar.to_ebnf() == json_schema_to_grammar(UNBOUNDED, mode="strict").to_ebnf()
-    out = _generate(tiny, grammar, 48, close_on_budget=True)
+    assert to_ebnf(grammar) == to_ebnf(json_schema_to_grammar(UNBOUNDED, mode="strict"))
+    out = _generate(tiny, grammar, 48, narrow=CloseOnBudget())
     assert out.finish_reason == "stop"
     jsonschema.validate(json.loads(out.text), UNBOUNDED)
 
@@ -160,12 +161,12 @@ def test_strict_grammar_closes_on_budget_too_and_its_language_is_unchanged(tiny)
 def test_processor_without_a_budget_is_the_plain_mask(tiny):
     model, tok, info = tiny
     compiled = compile_grammar(json_schema_to_grammar(UNBOUNDED), info)
-    a = GrammarLogitsProcessor(compiled, close_on_budget=True)          # no max_new_tokens: nothing to do
+    a = GrammarLogitsProcessor(compiled, narrow=CloseOnBudget())         # no max_new_tokens: nothing to do
     b = GrammarLogitsProcessor(compiled)
     ids = list(b'{"title": "ab')
     a.prepare(ids)
     b.prepare(ids)
-    assert (a.bitmask == b.bitmask).all() and a.closing_steps == 0
+    assert (a.bitmask == b.bitmask).all() and a.narrowed_steps == 0
 
 
 def test_cli_default_bounds_and_close_on_budget(tiny_folder, capsys):

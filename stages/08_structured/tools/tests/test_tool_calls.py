@@ -15,10 +15,11 @@ from course.s01_decode_loop.generate import run_to_end
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s08_structured.bench.testing import random_valid_path, sample_strings, synthetic_vocab
+from course.s08_structured.budget import CompileBudget
 from course.s08_structured.generate import ConstrainedGenerator
 from course.s08_structured.grammar import GrammarError
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
-from course.s08_structured.serving.budget import CompileBudget
+from course.s08_structured.serving.closing import CloseOnBudget
 from course.s08_structured.tools import (CLOSE, OPEN, SEPARATOR, Function, LazyGrammarLogitsProcessor, TriggerTokens,
                                          tool_call_grammar)
 from course.s08_structured.vocab import TokenizerInfo
@@ -62,7 +63,7 @@ def test_constrained_generation_gives_calls_that_validate(seed):
     tok, model = byte_tokenizer(), tiny_model("gqa_tied", seed=0)
     info = TokenizerInfo.from_huggingface(tok, model.config.vocab_size, stop_ids=[tok.eos_token_id])
     compiled = compile_grammar(tool_call_grammar(FUNCTIONS, parallel=True), info)
-    out = run_to_end(ConstrainedGenerator(compiled, close_on_budget=True), model, tok, tok("call:").input_ids,
+    out = run_to_end(ConstrainedGenerator(compiled, narrow=CloseOnBudget()), model, tok, tok("call:").input_ids,
                      SamplingParams(max_new_tokens=200, temperature=1.0, seed=seed), [tok.eos_token_id])
     assert out.finish_reason == "stop" and calls_in(out.text)
 
