@@ -48,6 +48,18 @@ def smollm2():
     return load_model()
 
 
+@pytest.fixture(autouse=True)
+def _leaves_grad_mode_as_found():
+    """A test that switches autograd off for the whole process (torch.set_grad_enabled(False) in
+    a main() it calls) would break every later test on its worker that trains: fail it instead."""
+    before = torch.is_grad_enabled()
+    yield
+    if torch.is_grad_enabled() != before:
+        torch.set_grad_enabled(before)
+        pytest.fail(f"the test left autograd {'on' if not before else 'off'} for the whole process; "
+                    "use `with torch.no_grad():` or @torch.no_grad() instead")
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked `gpu` are skipped where there is no CUDA device; their CPU twins still run."""
     if torch.cuda.is_available():

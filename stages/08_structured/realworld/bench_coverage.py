@@ -30,6 +30,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import torch
+
 from course.s01_decode_loop.bench.measure import bench_cli, timed
 
 PACKAGE, VERSION = "check-jsonschema", "0.39.0"
@@ -232,13 +234,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=24, help="tokens of the random valid path (mask timing)")
 
 
+@torch.no_grad()  # measuring only; a caller's own grad mode is left as it was
 def run(args: argparse.Namespace) -> dict:
-    import torch
-
     from ..bench.testing import xgrammar_compiler
     from ..vocab import TokenizerInfo
 
-    torch.set_grad_enabled(False)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.quick:
         from course.s01_decode_loop.testing import TINY_EOS, byte_tokenizer

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import jsonschema
 
+import torch
+
 from course.s01_decode_loop.bench.measure import bench_cli
 
 REALWORLD = Path(__file__).parent / "schemas"
@@ -164,10 +166,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="a tiny random model and byte tokenizer (tests)")
 
 
+@torch.no_grad()  # measuring only; a caller's own grad mode is left as it was
 def run(args: argparse.Namespace) -> dict:
     """{"results": {configuration: rows}} for the configurations asked for."""
-    import torch
-
     from ..json_schema.defaults import SERVING_BOUNDS
 
     if args.quick:
@@ -180,7 +181,6 @@ def run(args: argparse.Namespace) -> dict:
     else:
         from course.s01_decode_loop.weights import load_model
         loaded = load_model()
-    torch.set_grad_enabled(False)
     schemas = load_schemas(args.only)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     if args.compare:
