@@ -1,6 +1,8 @@
 """The paged decode kernel against the PyTorch oracle, under Triton's interpreter on CPU
 (compiled on a GPU). Pools are NaN-poisoned past every sequence's tokens, tables are shuffled
 and padded with a NaN block, and outputs start as NaN, so a stray read or a missed write shows."""
+from functools import partial
+
 import pytest
 import torch
 from course.s06_kernels_graphs.decode_attention import (
@@ -8,28 +10,15 @@ from course.s06_kernels_graphs.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.testing import (
-    make_paged_case,
-    nan_like,
-    reference_attention,
-)
+from course.s06_kernels_graphs.bench.testing import check_decode, make_paged_case, nan_like, reference_attention, run_decode
+
+_run = partial(run_decode, paged_decode_attention)
+_check = partial(check_decode, paged_decode_attention)
 
 
 def _case(seq_lens, **kw):
     kw = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "block_size": 4, "seed": 0} | kw
     return make_paged_case(seq_lens, [1] * len(seq_lens), **kw)
-
-
-def _run(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
-
-
-def _check(case, tol=1e-5, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, nothing read from a poisoned slot
-    torch.testing.assert_close(out.float(), reference_attention(case, scale=kw.get("scale")), atol=tol, rtol=tol)
-    return out
 
 
 @pytest.mark.parametrize("num_splits", [1, 2, 3])

@@ -10,9 +10,13 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
-from course.s06_kernels_graphs.backends import TritonPagedBackend
+from course.s06_kernels_graphs import cpu, gpu
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
+from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
+
+cpu.register()  # the cpu backend and the linear options
+gpu.register()  # the "gpu" kernel set
 
 SHARED = b"You are a helpful assistant. "
 PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
@@ -131,7 +135,7 @@ def test_fused_triton_layer_makes_one_launch_for_rope_and_kv_write_and_one_for_s
     never the separate RoPE kernel, the separate KV write or torch's silu."""
     from course.s03_paged.paged_attention import PagedKVCache
     from course.s06_kernels_graphs import kv_write, rotary, silu_mul
-    from course.s06_kernels_graphs.backends import make_backend
+    from course.s06_kernels_graphs.engine import make_backend
     from course.s06_kernels_graphs.fused_model import FusedCausalLM
 
     calls = []
@@ -161,13 +165,28 @@ def test_an_unknown_backend_fails_at_construction(byte_tok):
         LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
 
 
-def test_cpu_settings_given_one_by_one_land_in_cpu_and_read_back():
-    from dataclasses import replace
+def test_room_options_are_refused_until_their_room_registers(byte_tok, monkeypatch):
+    """A backend, kernel set or option a room brings exists only once the room registered it."""
+    from course.s06_kernels_graphs import engine, triton_backend
 
-    from course.s06_kernels_graphs.cpu.settings import CpuSettings
+    monkeypatch.setattr(engine, "BACKENDS", {k: v for k, v in engine.BACKENDS.items() if k != "cpu"})
+    monkeypatch.setattr(triton_backend, "KERNEL_SETS", {"lesson": triton_backend.LessonKernels})
+    monkeypatch.setattr(engine, "EXTENSIONS", {})
+    model = tiny_model("gqa_tied")
+    for options, refusal in [({"attention_backend": "cpu"}, "unknown attention backend"),
+                             ({"attention_backend": "triton", "triton_kernels": "gpu"}, "unknown triton kernels"),
+                             ({"overlap": True}, "overlap room"), ({"fused": True, "linear_splits": 2}, "cpu room")]:
+        with pytest.raises(ValueError, match=refusal):
+            LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, **options))
+    assert LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, fused=True)).extensions == {}
 
-    config = KernelEngineConfig(fused=True, linear_splits=2, quantization="int8", one_call_layers=False)
-    assert config.cpu == CpuSettings(linear_splits=2, quantization="int8", one_call_layers=False)
-    assert (config.linear_splits, config.quantization, config.one_call_layers) == (2, "int8", False)
-    assert replace(config, cuda_graphs=True).cpu == config.cpu  # a copy keeps them
-    assert KernelEngineConfig(cpu=CpuSettings(linear_splits=3), fused=True).linear_splits == 3
+
+@pytest.mark.parametrize("options, linear", [({}, "Linear"), ({"linear_splits": 2}, "SplitLinear"),
+                                             ({"linear_splits": 2, "quantization": "int8"}, "Int8Linear")])
+def test_prepare_module_gives_an_extra_module_the_targets_linears(byte_tok, options, linear):
+    """What the CPU room's options do to the fused model's linears, `prepare_module` does to
+    another module (a draft head); with no option set, the module comes back untouched."""
+    engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, fused=True, **options))
+    head = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    assert engine.prepare_module(head) is head
+    assert [type(m).__name__ for m in (head[0], head[2], engine.runner.model.layers[0].qkv)] == [linear] * 3

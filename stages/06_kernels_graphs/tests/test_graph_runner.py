@@ -5,7 +5,7 @@ import torch
 
 from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
-from course.s06_kernels_graphs.backends import make_backend
+from course.s06_kernels_graphs.engine import make_backend
 from course.s06_kernels_graphs.graph_runner import EagerStandIn, GraphRunner, bucket_sizes
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.sync_guard import GraphCaptureError, sync_guard
@@ -90,14 +90,13 @@ def test_buffers_and_outputs_keep_their_addresses_across_replays():
     model = tiny_model("gqa_tied")
     _, graphs, _ = setup(model)
     graphs.run(*decode_batch(3, seed=2))
-    addresses = [t.data_ptr() for t in (graphs.input_ids, graphs.positions, graphs.seq_lens, graphs.slot_mapping,
-                                         graphs.block_tables)]
+    buffers = vars(graphs.buffers).values()
+    addresses = [t.data_ptr() for t in buffers]
     outputs = [t.data_ptr() for t in graphs.graphs[4].outputs]
     for seed in range(3):
         hidden, _ = graphs.run(*decode_batch(3, seed=10 + seed))
         assert hidden.data_ptr() == outputs[0]  # callers read the static output, not a fresh tensor
-    assert [t.data_ptr() for t in (graphs.input_ids, graphs.positions, graphs.seq_lens, graphs.slot_mapping,
-                                   graphs.block_tables)] == addresses
+    assert [t.data_ptr() for t in buffers] == addresses
     assert [t.data_ptr() for t in graphs.graphs[4].outputs] == outputs
 
 

@@ -1,12 +1,16 @@
-"""Each MoE family through stage 06's engine, with each backend's experts kernel (grouped,
-blocked inside captured steps, the C products, the fused Triton kernel under the interpreter),
+"""Each MoE family through stage 06's engine, with each backend's experts kernel (the model's
+own grouped experts eager, the gpu room's blocked ones inside captured steps, the C products),
 under preemption and chunked prefill: transformers' greedy ids."""
 import pytest
 
 from course.s01_decode_loop.moe.testing import MOE_FAMILIES, tiny_moe_model
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, greedy_reference, hf_twin
+from course.s06_kernels_graphs import cpu, gpu
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+
+cpu.register()  # the cpu backend (the C products)
+gpu.register()  # the blocked experts of captured steps
 
 PROMPTS = [b"You are a helpful assistant. hi", b"a", b"0123456789abcdefghij"]
 BACKENDS = {"torch-fused-graphs": dict(attention_backend="torch", fused=True, cuda_graphs=True),

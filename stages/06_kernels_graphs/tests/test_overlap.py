@@ -9,9 +9,12 @@ import pytest
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import tiny_model
+from course.s06_kernels_graphs import overlap
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .test_engine import GREEDY, PROMPTS, stage04, stage06
+
+overlap.register()  # the `overlap` option
 
 SEEDED = [SamplingParams(max_new_tokens=8 + i, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(len(PROMPTS))]
 UNEVEN = [SamplingParams(max_new_tokens=3 + 2 * i, temperature=0.0) for i in range(len(PROMPTS))]  # EOS allowed
@@ -61,7 +64,7 @@ def test_abort_and_arrival_with_a_step_in_flight(byte_tok):
     engine = _engine(model, byte_tok, overlap=True)
     ids = [engine.add_request(p, GREEDY) for p in prompts]
     victim = engine.add_request(list(PROMPTS[4]), GREEDY)
-    while engine.overlap.inflight is None:
+    while not engine.extensions["overlap"].in_flight():
         engine.step()
     engine.abort(victim)
     newcomer = engine.add_request(list(PROMPTS[3]), GREEDY)

@@ -4,11 +4,7 @@ or a missed write shows up as NaN."""
 import pytest
 import torch
 from course.s06_kernels_graphs.prefill_attention import BLOCK_M, varlen_paged_attention
-from course.s06_kernels_graphs.testing import (
-    make_paged_case,
-    nan_like,
-    reference_attention,
-)
+from course.s06_kernels_graphs.bench.testing import assert_matches_reference, make_paged_case, nan_like, reference_attention
 
 
 def _run(case, **kw):
@@ -17,10 +13,7 @@ def _run(case, **kw):
 
 
 def _check(case, tol, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, no NaN from unowned slots
-    torch.testing.assert_close(out.float(), reference_attention(case, scale=kw.get("scale")), atol=tol, rtol=tol)
+    return assert_matches_reference(_run(case, out=nan_like(case.q), **kw), case, tol, kw.get("scale"))
 
 
 @pytest.mark.parametrize("seq_lens, query_lens", [

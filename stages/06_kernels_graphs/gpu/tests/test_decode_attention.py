@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from course.s06_kernels_graphs.gpu.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.testing import make_paged_case, nan_like, reference_attention
+from course.s06_kernels_graphs.bench.testing import check_decode, make_paged_case, nan_like, reference_attention, run_decode
 
 # Odd lengths, most ending mid-page; with the interpreter's 16-key splits, max_splits 4 gives
 # these sequences 1, 1, 2 and 3 splits in the same launch.
@@ -30,17 +31,8 @@ def _case(seq_lens=LENS, query_lens=None, **kw):
     return make_paged_case(seq_lens, query_lens or [1] * len(seq_lens), **kw)
 
 
-def _run(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
-
-
-def _check(case, tol=1e-5, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, nothing read from a poisoned slot
-    want = reference_attention(case.cpu(), scale=kw.get("scale"))
-    torch.testing.assert_close(out.float().cpu(), want, atol=tol, rtol=tol)
-    return out
+_run = partial(run_decode, paged_decode_attention)
+_check = partial(check_decode, paged_decode_attention)
 
 
 def _cdiv(a, b):
