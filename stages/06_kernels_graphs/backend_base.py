@@ -1,19 +1,13 @@
-"""What every attention backend of this stage shares: its metadata, and the seams it offers
-the model beside attention.
+"""What every attention backend of this stage shares: its metadata, and the seams beside attention.
 
 Every backend reads stage 03's paged pool through block tables and builds its own metadata
-(`build_metadata`), since what a backend needs to know about a step differs: the Triton
-decode kernel wants to know how many splits to run, the varlen kernel wants the longest query
-for its grid. Two kinds of step exist:
-
-* decode-only (every sequence brings one token): the common case;
-* anything else (prefill chunks, mixed batches, speculative verifications).
-
-Either kind may run eagerly (host syncs allowed, exact shapes) or be captured in a CUDA graph
-(`graphed`: padded shapes, no host sync; graph_runner.py), so each backend has a sync-free
-path for both. Beside attention a backend may offer the fused model its small ops
-(`fused_ops`), RoPE inside its KV write (`rotary_forward`), whole decoder layers
-(`layer_kernels`) and an MoE experts kernel (`experts_kernel`); the model asks, never tests types.
+(`build_metadata`): the Triton decode kernel wants its number of splits, the varlen kernel the
+longest query for its grid. A step is decode-only (every sequence brings one token) or not
+(prefill chunks, verifications), and either runs eagerly (host syncs allowed, exact shapes) or
+captured in a CUDA graph (`graphed`: padded shapes, no host sync; graph_runner.py). Beside
+attention a backend may offer the fused model its small ops (`fused_ops`), RoPE inside its KV
+write (`rotary_forward`), whole decoder layers (`layer_kernels`) and an MoE experts kernel
+(`experts_kernel`); the model asks, and never tests types.
 """
 from __future__ import annotations
 
@@ -39,9 +33,8 @@ class KernelMetadata(PagedAttentionMetadata):
 
 
 class LayerKernels(ABC):
-    """Whole decoder layers in one call each, which a backend may offer for a model (the CPU
-    room's C layers do). The fused model takes them once (`FusedCausalLM.follow`), then asks
-    them every step; where they say None, it runs its layers op by op."""
+    """Whole decoder layers in one call each, offered by a backend (the CPU room's C layers): the
+    fused model takes them once (`follow`) and asks every step; None: its layers op by op."""
 
     @abstractmethod
     def step(self, attn, x, cos, sin, meta) -> Callable | None:
@@ -65,8 +58,7 @@ class KernelBackend(AttentionBackend):
         self.cache = cache
 
     @classmethod
-    def from_config(cls, cache: PagedKVCache, config) -> "KernelBackend":
-        """The backend as the engine's config asks for it (a backend with options reads them here)."""
+    def from_config(cls, cache: PagedKVCache, config) -> "KernelBackend":  # a backend with options reads them
         return cls(cache)
 
     def build_metadata(self, *, positions, cu_seqlens_q, seq_lens, slot_mapping, block_tables,
@@ -84,12 +76,9 @@ class KernelBackend(AttentionBackend):
     def experts_kernel(self) -> Callable | None:
         """MoE layers' experts (stage 01's signature). Eager: None, the model's own (rows grouped
         by expert, one product each). Captured: the registered routing-independent kernel."""
-        if not self.step_graphed:
-            return None
-        if self.captured_experts is None:
-            raise ValueError("a captured MoE step needs experts whose shapes do not depend on the routing: "
-                             "register the gpu room (course.s06_kernels_graphs.gpu.register())")
-        return self.captured_experts
+        if self.step_graphed and self.captured_experts is None:
+            raise ValueError("a captured MoE step needs the gpu room's experts: course.s06_kernels_graphs.gpu.register()")
+        return self.captured_experts if self.step_graphed else None
 
     def layer_kernels(self, model) -> LayerKernels | None:
         """Kernels that run each whole decoder layer of `model` in one call, or None (the

@@ -3,14 +3,12 @@ config, and steps can replay captured graphs.
 
     schedule -> ModelRunner.run (persistent buffers, backend metadata, graph or eager) -> postprocess
 
-Scheduling, the block manager and sampling are stage 04's, untouched: only `_run` changes.
-The pool gets one block more than the block manager hands out, the dummy block that graph
-padding rows write to.
+Scheduling, the block manager and sampling are stage 04's: only `_run` changes. The pool gets
+one block more than the block manager hands out, the dummy block graph padding rows write to.
 
-A room adds to the engine through one seam, `register_extension`: the options it reads are
-fields of the config (marked with their room), and where one is set the engine asks the room
-for an `Extension`, which may change the model's linears (`prepare_module`: the CPU room's
-split or int8 linears) or run the step its own way (`step`: the overlap room's scheduler).
+Rooms plug in by name: a backend (`register_backend`), and an `Extension` for the options of the
+config marked as theirs (`register_extension`), which may change the model's linears
+(`prepare_module`: the CPU room's) or run the step its own way (`step`: the overlap room's).
 """
 from __future__ import annotations
 
@@ -47,8 +45,7 @@ def make_backend(name: str, cache, config=None) -> KernelBackend:
     return BACKENDS[name].from_config(cache, config) if config is not None else BACKENDS[name](cache)
 
 
-def room_option(default, room: str):
-    """A config field that the named room reads (the engine refuses it set without the room)."""
+def room_option(default, room: str):  # a config field that the named room reads
     return field(default=default, metadata={"room": room})
 
 
@@ -72,30 +69,26 @@ class KernelEngineConfig(EngineConfig):
 
 
 class Extension:
-    """What a room adds to the engine while its options are set; each hook's default changes nothing."""
+    """What a room adds to the engine while its options are set; each default changes nothing."""
 
-    def prepare_module(self, module: nn.Module) -> nn.Module:
-        """Change a model the engine runs (its fused model; a drafter's head): returns it."""
+    def prepare_module(self, module: nn.Module) -> nn.Module:  # a model the engine runs: its linears
         return module
 
-    def step(self) -> list[StepOutput] | None:
-        """Run one engine step this room's way, or None: the engine's own step."""
+    def step(self) -> list[StepOutput] | None:  # one engine step this room's way; None: the engine's
         return None
 
-    def in_flight(self) -> bool:
-        """Is work launched whose results the engine has not read yet?"""
+    def in_flight(self) -> bool:  # work launched whose results the engine has not read yet
         return False
 
     def stats(self) -> dict:
         return {}
 
 
+# room -> make(engine): its Extension, or None where the config leaves the room's options unset
 EXTENSIONS: dict[str, Callable[["LLMEngine"], Extension | None]] = {}
 
 
 def register_extension(room: str, make: Callable[["LLMEngine"], Extension | None]) -> None:
-    """A room's extension: `make(engine)` is asked once per engine, and returns None where the
-    config leaves the room's options unset."""
     EXTENSIONS[room] = make
 
 
@@ -110,8 +103,7 @@ class LLMEngine(BatchingEngine):
         self.attn = make_backend(config.attention_backend, self.cache, config)
         if config.fused:  # the backend's ops, and its whole-layer kernels where it offers them
             model.follow(self.attn)
-        dummy = config.num_blocks
-        graphs = None
+        dummy, graphs = config.num_blocks, None
         if config.cuda_graphs:
             graphs = GraphRunner(model, self.attn, max_batch=config.graph_max_batch or config.max_num_seqs,
                                  max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy,
@@ -123,24 +115,17 @@ class LLMEngine(BatchingEngine):
         self.graphed_steps = 0
 
     def make_extensions(self) -> dict[str, Extension]:
-        """Every registered room's extension where the config sets its options; an option set
-        for a room nobody registered is refused, never silently ignored."""
-        config, made = self.config, {}
-        wanted = {f.metadata["room"]: f.name for f in fields(config)
-                  if "room" in f.metadata and getattr(config, f.name) != f.default}
-        for room, option in wanted.items():
-            if room not in EXTENSIONS:
-                raise ValueError(f"{option} is the {room} room's option: register it first "
-                                 f"(course.s06_kernels_graphs.{room}.register())")
-        for room, make in EXTENSIONS.items():
-            if (extension := make(self)) is not None:
-                made[room] = extension
-        return made
+        """The registered rooms' extensions; an option set for a room nobody registered is refused."""
+        for f in fields(self.config):
+            if "room" in f.metadata and getattr(self.config, f.name) != f.default and f.metadata["room"] not in EXTENSIONS:
+                raise ValueError(f"{f.name} is the {f.metadata['room']} room's option: register it first "
+                                 f"(course.s06_kernels_graphs.{f.metadata['room']}.register())")
+        made = {room: make(self) for room, make in EXTENSIONS.items()}
+        return {room: extension for room, extension in made.items() if extension is not None}
 
     def prepare_module(self, module: nn.Module) -> nn.Module:
-        """Apply to `module` (the fused model; an extra one such as a draft head) what the
-        registered options do to the model's linears (the CPU room's split or int8 linears);
-        returns it, unchanged where none applies."""
+        """Apply to `module` (the fused model; an extra one, a draft head) what the registered
+        options do to the model's linears (the CPU room's split or int8); unchanged where none."""
         for extension in self.extensions.values():
             module = extension.prepare_module(module)
         return module
@@ -151,11 +136,9 @@ class LLMEngine(BatchingEngine):
         kind captures them (and, on CUDA, compiles the Triton kernels) while a request waits.
         Returns how many buckets are held (0 without graphs)."""
         graphs = self.runner.graphs
-        if graphs is None:
-            return 0
-        if not graphs.graphs:
+        if graphs is not None and not graphs.graphs:
             graphs.capture_all()
-        return len(graphs.graphs) + len(graphs.mixed_graphs)
+        return len(graphs.graphs) + len(graphs.mixed_graphs) if graphs else 0
 
     def step(self):
         for extension in self.extensions.values():

@@ -13,19 +13,17 @@ What changes, per layer (the unfused count in brackets):
 * silu(gate) * up is one kernel [silu, mul, and a temporary between them].
 * Qwen3's q/k norm is the same RMSNorm kernel over rows of one head each, before RoPE.
 
-`ops` does the fused work: `TorchOps` (plain PyTorch, the reference; merged weights only),
-`TritonOps` (fused_norm.py, rotary.py and silu_mul.py), or a room's (the CPU room's C loops).
-The engine hands the model its attention backend once (`follow`): the model takes the
-backend's ops, and its layer kernels where it offers them (the CPU room's backend runs each
-whole layer as one C call); the model never asks which backend it has.
+`ops` does the fused work: `TorchOps` (PyTorch, the reference), `TritonOps` (fused_norm.py,
+rotary.py, silu_mul.py) or a room's. The engine hands the model its backend once (`follow`):
+the model takes its ops, and its whole-layer kernels where it offers them.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from typing import TYPE_CHECKING
 
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope

@@ -1,32 +1,26 @@
-"""GraphRunner: capture the decode step once per batch-size bucket, then replay it.
+"""GraphRunner: capture the step once per bucket, then replay it.
 
 A decode step of a small model is hundreds of tiny kernels; on a GPU the CPU time to launch
 them exceeds the time to run them. A CUDA graph records the whole step once and replays it
 with one launch. The price: everything about the step must be fixed at capture time, so
 
 * inputs live in *static buffers* that each replay refills in place (same addresses);
-* shapes are fixed, so the step is captured at bucketed batch sizes (1, 2, 4, 8, ...) and a
+* shapes are fixed, so decode steps are captured at bucketed batch sizes (1, 2, 4, 8, ...) and a
   batch is padded up to the next bucket. Padding rows are real rows of the computation: each
   writes its K/V to a reserved *dummy block* that no sequence owns, and attends to it alone;
 * the block table has a fixed width, so a context longer than `max_seq_len` runs eagerly;
 * the step must not sync with the host (sync_guard.py).
 
-Buckets are captured largest first into one shared memory pool: the smaller graphs reuse the
-larger one's intermediate buffers, as vLLM does, so memory does not grow with the bucket count.
+Steps that are not all decodes (prefill chunks, a speculative verification) are captured in
+*token-count* buckets (16, 32, 64, ... up to `max_num_tokens`), each with room for `max_batch`
+sequences: unused sequence slots get no tokens, unused token rows write into the dummy block,
+and logits are computed only for the rows a static index names. Their attention must launch a
+grid that depends on the padded counts alone (vLLM's idea). Buckets are captured largest first
+into one memory pool the smaller ones reuse, as vLLM does.
 
-Steps that are not all decodes (prefill chunks beside decodes, a speculative verification
-with several tokens per sequence) are captured too, in *token-count* buckets (16, 32, 64, ...
-up to `max_num_tokens`), each with room for `max_batch` sequences. Their attention must then
-launch a grid that depends on those padded counts only, never on the step's own lengths
-(vLLM's idea: `q_tokens // BLOCK_Q + num_seqs` programs, each finding its work on the device).
-Padding here is simpler than for decodes: the unused sequence slots have no tokens at all,
-and the unused token rows belong to no sequence; they write their K/V into the dummy block
-and attention leaves them alone. Logits are computed for a fixed number of rows picked by a
-static index (the rows the step samples from), not for every token.
-
-The capture backend is pluggable: `CudaGraphCapture` on CUDA, `EagerStandIn` elsewhere. The
-stand-in runs the step eagerly on the same static buffers under the sync guard and copies
-the result into fixed output buffers, so buckets, padding and sync-freedom are tested on the CPU.
+The capture backend is pluggable: `CudaGraphCapture` on CUDA, `EagerStandIn` elsewhere, which
+runs the step eagerly on the same static buffers under the sync guard, so buckets, padding and
+sync-freedom are tested on the CPU.
 """
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """ModelRunner: one engine step's forward, taken out of stage 04's `LLMEngine._run`.
 
-Stage 04 built fresh tensors for every step. The runner instead owns *persistent buffers*
-(token ids, positions, slot mapping, sequence lengths, block tables) sized for the largest
-step (step_inputs.py), and copies each step's flattened description into views of them: no
-allocation per step, and the same addresses every step, which is what CUDA graphs need
-(graph_runner.py).
-The attention backend, chosen by name, builds the step's metadata from those views.
+Stage 04 built fresh tensors for every step. The runner owns *persistent buffers* sized for the
+largest step (step_inputs.py) and copies each step into them: no allocation per step, and the
+same addresses every step, which is what CUDA graphs need. The attention backend builds the
+step's metadata from those views.
 
     run(token_ids, seqs, sample_rows) -> RunOutput(logits of the sampling rows, hidden states)
 
-Steps that fit a captured graph bucket are replayed through the GraphRunner: decode-only
-steps by batch size, mixed steps (prefill chunks, verifications) by token count. Steps past
-the largest buckets run eagerly.
+Steps that fit a captured bucket replay a graph (graph_runner.py): decode-only steps by batch
+size, mixed steps (prefill chunks, verifications) by token count; the others run eagerly.
 """
 from __future__ import annotations
 

@@ -1,23 +1,17 @@
 """One step's inputs, flattened once, and the persistent buffers they are copied into.
 
-Stage 04's engine describes a step as `(num_cached, num_new, block_table)` per sequence. The
-kernels want it flat (nano-vllm's prepare_prefill / prepare_decode): every new token's position
-and pool slot, where each sequence's rows start (`cu_seqlens_q`), each sequence's length after
-the step, and the block tables as one [B, width] table. `step_inputs` builds that on the host;
-every runner uses it, eager or graphed:
+Stage 04's engine describes a step as `(num_cached, num_new, block_table)` per sequence; the
+kernels want it flat (nano-vllm's prepare_prefill / prepare_decode). Block size 4:
 
-    seqs = [(5, 3, [7, 2]), (9, 1, [4, 1, 6])]        block size 4
+    seqs = [(5, 3, [7, 2]), (9, 1, [4, 1, 6])]
     positions    5 6 7 | 9            slot_mapping  2*4+1 2*4+2 2*4+3 | 1*4+1
     cu_seqlens_q 0 3 4                seq_lens      8 10
     block_tables [7 2 D] [4 1 6]      (width 3, padded with the dummy block D)
 
-A captured step pads the batch: a padding sequence of a decode bucket is `(0, 1, [])` (one token
-at position 0, its table all dummy blocks, so its K/V lands in the dummy block), an empty slot of
-a mixed bucket is `(0, 0, [])` (no tokens), and `num_tokens` adds rows of no sequence that write
-into the dummy block too.
-
-`StepBuffers` holds the device side: tensors sized for the largest step, refilled in place,
-so every step reads the same addresses, which is what a CUDA graph needs.
+A captured step pads its bucket: a padding sequence of a decode bucket is `(0, 1, [])` (one token
+at position 0, its table all dummy blocks), an empty slot of a mixed bucket `(0, 0, [])`, and
+`num_tokens` adds rows of no sequence that write into the dummy block too. `StepBuffers` holds
+the device side, sized for the largest step and refilled in place: the same addresses every step.
 """
 from __future__ import annotations
 
@@ -69,8 +63,9 @@ def upload(buffer: torch.Tensor, values: list[int]) -> torch.Tensor:
 
 
 class StepBuffers:
-    """A step's inputs on the device, at fixed addresses. Rows never filled point at the dummy
-    block, so a graph captured before any step writes nowhere a sequence owns."""
+    """A step's inputs on the device, at fixed addresses. Until the first step they describe an
+    empty one (no sequence owns a row, every row writes into the dummy block), which any bucket
+    may be captured on."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_width: int, dummy_block: int, block_size: int, device):
         long = dict(dtype=torch.long, device=device)
@@ -78,7 +73,7 @@ class StepBuffers:
         self.positions = torch.zeros(max_tokens, **long)
         self.slot_mapping = torch.full((max_tokens,), dummy_block * block_size, **long)
         self.seq_lens = torch.ones(max_seqs, **long)
-        self.cu_seqlens_q = torch.arange(max_seqs + 1, **long)
+        self.cu_seqlens_q = torch.zeros(max_seqs + 1, **long)
         # flat, so that any [B, W] view of its front is contiguous (kernels index rows by W)
         self.block_tables = torch.full((max_seqs * max_width,), dummy_block, **long)
 

@@ -4,11 +4,9 @@
   sequence's table is gathered at once and masked past its length (and, for a mixed step,
   past each query's position). More bytes than needed, but fixed shapes and no host sync,
   so a CUDA graph can capture it (`decode_attention_gather`, `varlen_attention_gather`).
-* Eager steps: decodes the same way; a step with prefill chunks through stage 03's
-  `PagedAttention`, sequence by sequence (a gather of every row's keys would be T x L).
-
-A subclass may plan an eager step once from its host lengths (`plan_step`): the CPU room's
-backends do, the C kernel's rows and SDPA groups.
+* Eager steps: decodes the same way; prefill chunks through stage 03's `PagedAttention`,
+  sequence by sequence (a gather of every row's keys would be T x L). A subclass may plan an
+  eager step once from its host lengths (`plan_step`), as the CPU room's backends do.
 """
 from __future__ import annotations
 

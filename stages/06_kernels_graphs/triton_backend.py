@@ -2,15 +2,10 @@
 
 Each layer scatters the step's K/V into the pool (kv_write.py; beside the fused model, in the
 same launch as RoPE: `rotary_forward`), then launches the attention of its *kernel set*:
-
-    lesson   this folder's kernels, written to be read: the decode kernel (split-K for long
-             contexts) when every sequence decodes, else the varlen kernel, which takes prefill
-             chunks and decodes side by side, its grid sized by the longest query
-    ...      a room may register another set (`register_kernel_set`): the gpu room's "gpu",
-             tensor-core kernels built for a Hopper GPU
-
-A kernel set says how many decode splits a step wants and launches a step's attention, its
-K/V already in the pool; it may bring an MoE experts kernel too.
+"lesson", this folder's kernels (the decode kernel, split-K for long contexts, when every
+sequence decodes; else the varlen kernel, prefill chunks and decodes in one launch), or a set
+a room registers (`register_kernel_set`: the gpu room's tensor-core "gpu"). A set chooses a
+step's decode splits, launches its attention, and may bring an MoE experts kernel.
 """
 from __future__ import annotations
 

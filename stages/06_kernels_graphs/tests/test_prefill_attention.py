@@ -21,15 +21,14 @@ def _check(case, tol, **kw):
     ([23, 30], [5, 17]),                # chunks after a cached prefix (18 and 13: not block multiples)
     ([21, 9, 33, 4], [6, 1, 1, 4]),     # mixed: prefill chunks beside single-token decodes
 ])
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [1, 16])
 def test_ragged_batches_match_reference(seq_lens, query_lens, block_size):
     case = make_paged_case(seq_lens, query_lens, num_heads=4, num_kv_heads=2, head_dim=16,
                            block_size=block_size, seed=block_size)
     _check(case, 1e-5)
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (6, 2), (8, 1)])
-@pytest.mark.parametrize("head_dim", [12, 64, 128])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(2, 2, 64), (6, 2, 12), (8, 1, 128)])  # GQA 1, 3, 8
 def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
     case = make_paged_case([13, 6], [5, 1], num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, block_size=4, seed=head_dim)

@@ -2,8 +2,9 @@
 batches: prefill chunks over a cached prefix, decodes, a verification, and the padding of both
 graph buckets (padding sequences and token rows into the dummy block)."""
 import pytest
+import torch
 
-from course.s06_kernels_graphs.step_inputs import step_inputs
+from course.s06_kernels_graphs.step_inputs import StepBuffers, step_inputs
 
 BS, DUMMY = 4, 99
 
@@ -59,3 +60,14 @@ def test_a_mixed_bucket_pads_empty_sequences_and_rows_of_no_sequence():
         reference(seqs, 5, num_tokens=16)
     assert got.cu_seqlens_q[-3:] == [7, 7, 7] and got.seq_lens[-2:] == [0, 0]  # empty slots: no rows, no keys
     assert got.slot_mapping[7:] == [DUMMY * BS] * 9
+
+
+def test_buffers_start_as_an_empty_step_any_bucket_can_be_captured_on():
+    """Graphs are captured before the first step: with more sequence slots (20) than rows (16), a
+    kernel must find no sequence owning a row, and every row's K/V going to the dummy block."""
+    views = StepBuffers(16, 20, 3, DUMMY, BS, "cpu").views(16, 20, 3)
+    assert views["cu_seqlens_q"].eq(0).all()
+    assert views["slot_mapping"].eq(DUMMY * BS).all() and views["block_tables"].eq(DUMMY).all()
+    buffers = StepBuffers(16, 20, 3, DUMMY, BS, "cpu")
+    buffers.fill([5, 6], step_inputs([(4, 2, [1, 2])], BS, DUMMY, width=3))
+    assert buffers.cu_seqlens_q[:2].tolist() == [0, 2] and torch.equal(buffers.input_ids[:2], torch.tensor([5, 6]))

@@ -64,7 +64,7 @@ def test_head_dims_padded_to_a_power_of_two(head_dim):
     _check(case)
 
 
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [1, 16])
 def test_prefix_plus_diagonal(block_size):
     """A 3-tile chunk over a 21-token prefix: full prefix tiles unmasked, the prefix's partial
     tile masked, tiles left of the diagonal unmasked, diagonal tiles masked causally."""
