@@ -90,6 +90,14 @@ def nan_like(x: torch.Tensor) -> torch.Tensor:
     return torch.full_like(x, float("nan"))
 
 
+def strided_q_and_out(case: PagedCase) -> torch.Tensor:
+    """Give the case a q strided along the head dim (stride 2); returns a NaN output strided too."""
+    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
+    wide[..., ::2] = case.q
+    case.q = wide[..., ::2]
+    return nan_like(wide)[..., 1::2]
+
+
 def assert_matches_reference(out: torch.Tensor, case: PagedCase, tol: float = 1e-5, scale=None) -> torch.Tensor:
     """A kernel's output for `case`: q's shape and dtype, every row written and nothing read
     from a poisoned slot (no NaN), and the oracle's values (compared on the CPU)."""

@@ -10,7 +10,8 @@ from course.s06_kernels_graphs.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.bench.testing import check_decode, make_paged_case, nan_like, reference_attention, run_decode
+from course.s06_kernels_graphs.bench.testing import (check_decode, make_paged_case, nan_like, reference_attention,
+                                                      run_decode, strided_q_and_out)
 
 _run = partial(run_decode, paged_decode_attention)
 _check = partial(check_decode, paged_decode_attention)
@@ -83,10 +84,7 @@ def test_int32_and_int64_tables_and_out_buffer(index_dtype, num_splits):
 
 def test_non_contiguous_q_and_out():
     case = _case([12, 5], seed=13)
-    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
-    wide[..., ::2] = case.q
-    case.q = wide[..., ::2]  # stride 2 along the head dim
-    out = nan_like(wide)[..., 1::2]
+    out = strided_q_and_out(case)
     assert not case.q.is_contiguous() and not out.is_contiguous()
     for splits in (1, 2):
         got = _run(case, out=out, num_splits=splits)

@@ -19,7 +19,8 @@ from course.s06_kernels_graphs.gpu.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.bench.testing import check_decode, make_paged_case, nan_like, reference_attention, run_decode
+from course.s06_kernels_graphs.bench.testing import (check_decode, make_paged_case, nan_like, reference_attention,
+                                                      run_decode, strided_q_and_out)
 
 # Odd lengths, most ending mid-page; with the interpreter's 16-key splits, max_splits 4 gives
 # these sequences 1, 1, 2 and 3 splits in the same launch.
@@ -136,10 +137,7 @@ def test_query_start_attends_only_decodes_and_leaves_other_rows_untouched(max_sp
 
 def test_non_contiguous_q_and_out():
     case = _case([12, 5], seed=13)
-    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
-    wide[..., ::2] = case.q
-    case.q = wide[..., ::2]  # stride 2 along the head dim
-    out = nan_like(wide)[..., 1::2]
+    out = strided_q_and_out(case)
     got = _run(case, out=out, max_splits=2)
     assert got is out
     torch.testing.assert_close(out, reference_attention(case), atol=1e-5, rtol=1e-5)
