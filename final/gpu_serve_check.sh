@@ -41,6 +41,7 @@ DRY=${DRY_RUN:-0}
 OUT=${1:?usage: bash final/gpu_serve_check.sh OUTDIR}
 PY=${PYTHON:-python3}
 WHEELS=${WHEELS:-.whl}
+source stages/06_kernels_graphs/bench/device_parts.sh  # card_name, part
 mkdir -p "$OUT"
 TMP=$(mktemp -d)
 SERVER=
@@ -59,9 +60,7 @@ if [ "$DRY" = 1 ]; then
     SERVE_ARGS=(--kv-blocks 256 --max-num-seqs 8)
     BENCH_ARGS=(--num-requests 8 --prompt-chars 64 --output-tokens 16)
 else
-    CARD=${CARD:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' \
-                   | grep -oE '\b[a-z]+[0-9]+\b' | head -1)}
-    CARD=${CARD:-gpu}
+    CARD=${CARD:-$(card_name)}
     SHAPE=1b
     SERVE_ARGS=(--max-num-seqs 64)
     BENCH_ARGS=(--num-requests 64 --prompt-chars 512 --output-tokens 128)
@@ -77,15 +76,6 @@ LOG="$OUT/${CARD}_serve_log.txt"
 [ "$DRY" = 1 ] || nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$LOG"
 $PY -c "import torch, fastapi, uvicorn, pydantic; print('torch', torch.__version__, 'fastapi', fastapi.__version__,
 'uvicorn', uvicorn.__version__, 'pydantic', pydantic.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
-
-# part LIMIT_SECONDS COMMAND...: runs it under its limit, everything into the log; returns its exit code
-part() {
-    local limit=$1; shift
-    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    [ "$rc" = 124 ] && echo "!! stopped at its limit of $limit s: $*" | tee -a "$LOG"
-    return "$rc"
-}
 
 PARTS=${*:2}
 PARTS=${PARTS:-serve}

@@ -4,19 +4,26 @@ CLI and by every benchmark that measures "the engine as served".
 The device itself: `auto` is CUDA when torch sees a card, else the CPU; dtype `auto` is
 bfloat16 weights and KV on CUDA, float32 on the CPU.
 
-On CUDA: the Triton kernels, fused ops, decode graphs and overlap scheduling (a steady decode
-step launched before the previous one's tokens are read). On the CPU: stage 06's C attention
+On CUDA: the Triton kernels (stage 06's gpu/ room's tensor-core set; elsewhere the lesson's),
+fused ops, decode graphs and overlap scheduling (a steady decode step launched before the
+previous one's tokens are read). On the CPU: stage 06's C attention
 kernel when a float32 pool and a C compiler allow it (else the PyTorch backend), the fused
 model with every linear split over the intra-op threads (torch's CPU linear runs a decode
 step's GEMVs on one thread: split_linear.py), no graphs (the CPU stand-in only checks
-capturability). Options the user set are kept; unset ones (None) get the default."""
+capturability). Options the user set are kept; unset ones (None) get the default.
+
+Importing this module plugs stage 06's rooms into its engine (the cpu backend and linears, the
+gpu kernel set, overlap), as stage 06's own command line does."""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
+from course.s06_kernels_graphs.cli import register_rooms
 from course.s06_kernels_graphs.cpu.attention import kernel_unavailable
+
+register_rooms()
 
 
 def pick_device(name: str = "auto", cuda_available: Callable[[], bool] = torch.cuda.is_available) -> str:
@@ -49,12 +56,13 @@ def kernel_defaults(device: str = "cpu", dtype: torch.dtype = torch.float32, *, 
         raise ValueError(f"{'--quantization' if quantization else '--linear-splits'} needs the fused model: "
                          "drop --no-fused")
     return {"attention_backend": attention_backend, "cuda_graphs": graphs, "fused": fused, "linear_splits": splits,
-            "quantization": quantization, "overlap": overlap}
+            "quantization": quantization, "overlap": overlap, "triton_kernels": "gpu" if cuda else "lesson"}
 
 
 def describe(options: dict, device: str = "cpu", dtype: torch.dtype = torch.float32) -> str:
     """One line for the server's start-up: what runs, and why the C kernel does not if it could."""
-    parts = [f"attention {options['attention_backend']}", "fused" if options["fused"] else "unfused",
+    kernels = f" ({options.get('triton_kernels', 'lesson')} kernels)" if options["attention_backend"] == "triton" else ""
+    parts = [f"attention {options['attention_backend']}{kernels}", "fused" if options["fused"] else "unfused",
              f"linears split {options['linear_splits']}"]
     parts += ["CUDA graphs"] * options["cuda_graphs"] + ["overlap"] * options.get("overlap", False)
     parts += [options["quantization"] or ""]

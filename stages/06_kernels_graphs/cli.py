@@ -1,7 +1,9 @@
 """`python -m course.s06_kernels_graphs`: stage 04's command line, plus the choice of attention
 backend, its kernels, fused kernels and graphs. Without CUDA the Triton backend runs through the
 interpreter (same code path, very slow: tiny models only) and `--cuda-graphs` uses the eager
-stand-in (graph_runner.py), which checks that every step it replays could be captured."""
+stand-in (graph_runner.py), which checks that every step it replays could be captured.
+
+This is the one place that plugs the stage's rooms into the lesson's seams (`register_rooms`)."""
 from __future__ import annotations
 
 import sys
@@ -10,14 +12,22 @@ import torch
 
 from course.s04_continuous_batching.cli import run_cli
 
-from .backends import BACKENDS
-from .engine import KernelEngineConfig, LLMEngine
+from . import cpu, gpu, overlap
+from .engine import BACKENDS, KernelEngineConfig, LLMEngine
+from .triton_backend import KERNEL_SETS
+
+
+def register_rooms() -> None:
+    """cpu/: the "cpu" backend and its options; gpu/: the "gpu" kernel set and the captured MoE
+    experts; overlap/: the `overlap` option."""
+    for room in (cpu, gpu, overlap):
+        room.register()
 
 
 def add_args(group) -> None:
     group.add_argument("--backend", choices=sorted(BACKENDS), default="torch", help="attention backend")
-    group.add_argument("--kernels", choices=["gpu", "lesson"], default="gpu",
-                       help="the Triton backend's kernels: gpu/'s tensor-core ones or the lesson's")
+    group.add_argument("--kernels", choices=sorted(KERNEL_SETS), default="lesson",
+                       help="the Triton backend's kernels: the lesson's, or gpu/'s tensor-core ones")
     group.add_argument("--cuda-graphs", action="store_true", help="replay steps from captured graphs")
     group.add_argument("--fused", action="store_true", help="merged QKV/gate-up, fused add+RMSNorm and RoPE")
     group.add_argument("--graph-max-seq-len", type=int, default=2048)
@@ -38,4 +48,5 @@ def make_engine(loaded, args, config: dict) -> LLMEngine:
 
 
 def main(argv: list[str] | None = None) -> int:
+    register_rooms()
     return run_cli(argv, "Stage 06: Triton kernels and CUDA graphs behind stage 04's engine.", add_args, make_engine)

@@ -3,59 +3,93 @@ config, and steps can replay captured graphs.
 
     schedule -> ModelRunner.run (persistent buffers, backend metadata, graph or eager) -> postprocess
 
-Scheduling, the block manager and sampling are stage 04's, untouched: only `_run` changes.
-The pool gets one block more than the block manager hands out, the dummy block that graph
-padding rows write to.
+Scheduling, the block manager and sampling are stage 04's: only `_run` changes. The pool gets
+one block more than the block manager hands out, the dummy block graph padding rows write to.
+
+Rooms plug in by name: a backend (`register_backend`), and an `Extension` for the options of the
+config marked as theirs (`register_extension`), which may change the model's linears
+(`prepare_module`: the CPU room's) or run the step its own way (`step`: the overlap room's).
 """
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field, replace
+from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import torch
+from torch import nn
 
-from course.s04_continuous_batching.engine import EngineConfig
+from course.s04_continuous_batching.engine import EngineConfig, StepOutput
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
-from .backends import make_backend
-from .cpu.settings import CpuSettings
+from .backend_base import KernelBackend
 from .fused_model import FusedCausalLM
 from .graph_runner import GraphRunner
-from .model_runner import Feed, ModelRunner
-from .overlap import OverlapScheduler
+from .model_runner import ModelRunner
+from .step_inputs import Feed
+from .torch_backend import TorchPagedBackend
+from .triton_backend import TritonPagedBackend
+
+# attention backends by name (`attention_backend`); a room adds its own (the cpu room's "cpu")
+BACKENDS: dict[str, type[KernelBackend]] = {"torch": TorchPagedBackend, "triton": TritonPagedBackend}
+
+
+def register_backend(backend: type[KernelBackend]) -> None:
+    BACKENDS[backend.name] = backend
+
+
+def make_backend(name: str, cache, config=None) -> KernelBackend:
+    """The backend called `name` on `cache`; with the engine's config, built as it asks."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(BACKENDS)} "
+                         "(a room's needs the room registered: python -m course.s06_kernels_graphs does it)")
+    return BACKENDS[name].from_config(cache, config) if config is not None else BACKENDS[name](cache)
+
+
+def room_option(default, room: str):  # a config field that the named room reads
+    return field(default=default, metadata={"room": room})
 
 
 @dataclass
 class KernelEngineConfig(EngineConfig):
-    attention_backend: str = "torch"     # "torch" (PyTorch, stage 03's math), "cpu" (cpu/attention.c) or
-                                         # "triton" (this stage's kernels)
+    attention_backend: str = "torch"     # "torch", "triton", or a room's ("cpu")
     cuda_graphs: bool = False            # replay steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
     graph_max_seq_len: int = 2048        # steps with a longer sequence run eagerly
     graph_max_num_tokens: int = 512      # largest token bucket of captured mixed steps (prefill chunks,
                                          # verifications); 0: capture decode steps only
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
-    triton_kernels: str = "gpu"          # "gpu" (gpu/: tensor cores, shape-only grids) or "lesson"
+    triton_kernels: str = "lesson"       # the Triton backend's kernel set: "lesson", or a room's ("gpu")
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
-    overlap: bool = False                # launch a steady decode step before reading the last one's tokens (overlap/)
-    cpu: CpuSettings = field(default_factory=CpuSettings)  # what only the CPU needs (cpu/settings.py)
-    # the CPU settings may also be given one by one (final/'s command line does): they land in `cpu`
-    linear_splits: InitVar[int | None] = None
-    quantization: InitVar[str | None] = None
-    one_call_layers: InitVar[bool | None] = None
-
-    def __post_init__(self, linear_splits, quantization, one_call_layers):
-        given = {"linear_splits": linear_splits, "quantization": quantization, "one_call_layers": one_call_layers}
-        self.cpu = replace(self.cpu, **{k: v for k, v in given.items() if v is not None})
-        for option in self.cpu.changed_linears():
-            if not self.fused:
-                raise ValueError(f"{option} needs fused=True: the changed layers belong to the fused copy, "
-                                 "never to the model you passed in")
+    # options the rooms read (python -m course.s06_kernels_graphs registers every room)
+    overlap: bool = room_option(False, "overlap")         # launch a steady decode step before reading the
+                                                          # last one's tokens
+    linear_splits: int = room_option(1, "cpu")            # each fused linear as a bmm over this many row blocks
+    quantization: str | None = room_option(None, "cpu")   # "int8": int8 weight-only fused linears
+    one_call_layers: bool = room_option(True, "cpu")      # cpu backend: each layer of a step in one C call
 
 
-# Read back, the one-by-one names are the CPU settings' own: `config.linear_splits` is
-# `config.cpu.linear_splits`, never the keyword's unset default.
-for _name in ("linear_splits", "quantization", "one_call_layers"):
-    setattr(KernelEngineConfig, _name, property(lambda self, name=_name: getattr(self.cpu, name)))
+class Extension:
+    """What a room adds to the engine while its options are set; each default changes nothing."""
+
+    def prepare_module(self, module: nn.Module) -> nn.Module:  # a model the engine runs: its linears
+        return module
+
+    def step(self) -> list[StepOutput] | None:  # one engine step this room's way; None: the engine's
+        return None
+
+    def in_flight(self) -> bool:  # work launched whose results the engine has not read yet
+        return False
+
+    def stats(self) -> dict:
+        return {}
+
+
+# room -> make(engine): its Extension, or None where the config leaves the room's options unset
+EXTENSIONS: dict[str, Callable[["LLMEngine"], Extension | None]] = {}
+
+
+def register_extension(room: str, make: Callable[["LLMEngine"], Extension | None]) -> None:
+    EXTENSIONS[room] = make
 
 
 class LLMEngine(BatchingEngine):
@@ -63,15 +97,13 @@ class LLMEngine(BatchingEngine):
 
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
-        if config.fused:  # same weights, fewer kernels; int8 or split linears where the CPU settings say
-            model = config.cpu.prepare(FusedCausalLM(model))
-        super().__init__(model, tokenizer, config, eos_token_ids, **kw)
-        options = {"triton": {"num_splits": config.num_splits, "kernels": config.triton_kernels}, "cpu": {"settings": config.cpu}}
-        self.attn = make_backend(config.attention_backend, self.cache, **options.get(config.attention_backend, {}))
+        super().__init__(FusedCausalLM(model) if config.fused else model, tokenizer, config, eos_token_ids, **kw)
+        self.extensions = self.make_extensions()
+        model = self.prepare_module(self.model)
+        self.attn = make_backend(config.attention_backend, self.cache, config)
         if config.fused:  # the backend's ops, and its whole-layer kernels where it offers them
             model.follow(self.attn)
-        dummy = config.num_blocks
-        graphs = None
+        dummy, graphs = config.num_blocks, None
         if config.cuda_graphs:
             graphs = GraphRunner(model, self.attn, max_batch=config.graph_max_batch or config.max_num_seqs,
                                  max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy,
@@ -81,7 +113,22 @@ class LLMEngine(BatchingEngine):
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
                                   dummy_block=dummy, graphs=graphs)
         self.graphed_steps = 0
-        self.overlap = OverlapScheduler(self) if config.overlap else None
+
+    def make_extensions(self) -> dict[str, Extension]:
+        """The registered rooms' extensions; an option set for a room nobody registered is refused."""
+        for f in fields(self.config):
+            if "room" in f.metadata and getattr(self.config, f.name) != f.default and f.metadata["room"] not in EXTENSIONS:
+                raise ValueError(f"{f.name} is the {f.metadata['room']} room's option: register it first "
+                                 f"(course.s06_kernels_graphs.{f.metadata['room']}.register())")
+        made = {room: make(self) for room, make in EXTENSIONS.items()}
+        return {room: extension for room, extension in made.items() if extension is not None}
+
+    def prepare_module(self, module: nn.Module) -> nn.Module:
+        """Apply to `module` (the fused model; an extra one, a draft head) what the registered
+        options do to the model's linears (the CPU room's split or int8); unchanged where none."""
+        for extension in self.extensions.values():
+            module = extension.prepare_module(module)
+        return module
 
     @torch.no_grad()
     def warm_up(self) -> int:
@@ -89,17 +136,18 @@ class LLMEngine(BatchingEngine):
         kind captures them (and, on CUDA, compiles the Triton kernels) while a request waits.
         Returns how many buckets are held (0 without graphs)."""
         graphs = self.runner.graphs
-        if graphs is None:
-            return 0
-        if not graphs.graphs:
+        if graphs is not None and not graphs.graphs:
             graphs.capture_all()
-        return len(graphs.graphs) + len(graphs.mixed_graphs)
+        return len(graphs.graphs) + len(graphs.mixed_graphs) if graphs else 0
 
     def step(self):
-        return self.overlap.step() if self.overlap else super().step()
+        for extension in self.extensions.values():
+            if (outputs := extension.step()) is not None:
+                return outputs
+        return super().step()
 
     def has_unfinished(self) -> bool:
-        return super().has_unfinished() or bool(self.overlap and self.overlap.inflight)
+        return super().has_unfinished() or any(e.in_flight() for e in self.extensions.values())
 
     def overlap_allowed(self) -> bool:
         """May a step be launched before the previous one's tokens are read? (An engine that
@@ -113,5 +161,5 @@ class LLMEngine(BatchingEngine):
         return out.logits
 
     def stats(self) -> dict:
-        overlapped = {"overlapped_steps": self.overlap.deferred_steps} if self.overlap else {}
-        return {**super().stats(), "backend": self.attn.name, "graphed_steps": self.graphed_steps, **overlapped}
+        extras = {k: v for e in self.extensions.values() for k, v in e.stats().items()}
+        return {**super().stats(), "backend": self.attn.name, "graphed_steps": self.graphed_steps, **extras}

@@ -13,13 +13,13 @@ What changes, per layer (the unfused count in brackets):
 * silu(gate) * up is one kernel [silu, mul, and a temporary between them].
 * Qwen3's q/k norm is the same RMSNorm kernel over rows of one head each, before RoPE.
 
-`ops` picks who does the fused work: "torch" (plain PyTorch, the reference; merged weights
-only), "triton" (fused_norm.py, rotary.py and silu_mul.py) or "cpu" (cpu/ops.c: C loops for the CPU).
-The engine hands the model its attention backend once (`follow`): the model takes the
-backend's ops, and its layer kernels where it offers them (the CPU room's backend runs each
-whole layer as one C call, cpu/layer.py); the model never asks which backend it has.
+`ops` does the fused work: `TorchOps` (PyTorch, the reference), `TritonOps` (fused_norm.py,
+rotary.py, silu_mul.py) or a room's. The engine hands the model its backend once (`follow`):
+the model takes its ops, and its whole-layer kernels where it offers them.
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +28,8 @@ from torch import nn
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
-from .backends import KernelBackend, LayerKernels
-from .cpu.ops import CpuOps
+if TYPE_CHECKING:
+    from .backend_base import KernelBackend, LayerKernels
 
 
 class TorchOps:
@@ -74,9 +74,6 @@ class TritonOps:
     def silu_mul(gate_up):
         from .silu_mul import silu_mul
         return silu_mul(gate_up)
-
-
-OPS = {"torch": TorchOps, "cpu": CpuOps, "triton": TritonOps}
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:
@@ -138,11 +135,9 @@ class FusedLayer(nn.Module):
 class FusedCausalLM(nn.Module):
     """Drop-in for stage 01's CausalLM (same forward/compute_logits), built from one."""
 
-    def __init__(self, model: CausalLM, ops: str = "torch"):
+    def __init__(self, model: CausalLM, ops=TorchOps):
         super().__init__()
-        if ops not in OPS:
-            raise ValueError(f"unknown ops {ops!r}; choose one of {sorted(OPS)}")
-        self.config, self.ops = model.config, OPS[ops]
+        self.config, self.ops = model.config, ops
         self.layer_kernels: LayerKernels | None = None  # whole layers in one call each, a backend's (follow)
         self.rotary_in_attn = False  # the backend rotates q and k in its KV write (follow)
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
@@ -153,7 +148,7 @@ class FusedCausalLM(nn.Module):
         """Run beside `backend`: its ops for the small work, and its layer kernels if it offers
         any (asked once, after the linears took their final form: split or int8), and RoPE
         inside its KV write where it offers that."""
-        self.ops, self.rotary_in_attn = OPS[backend.fused_ops], backend.rotary_in_kv_write
+        self.ops, self.rotary_in_attn = backend.fused_ops, backend.rotary_in_kv_write
         self.layer_kernels = backend.layer_kernels(self)
         return self
 

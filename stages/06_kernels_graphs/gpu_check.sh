@@ -36,6 +36,7 @@ if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 [ "$DRY" = 0 ] || DRY=1
 OUT=${1:-/tmp/stage06_gpu}
 PY=${PYTHON:-python3}
+source stages/06_kernels_graphs/bench/device_parts.sh  # card_name, part
 mkdir -p "$OUT"
 PKG=$(mktemp -d)
 trap 'rm -rf "$PKG"' EXIT
@@ -46,10 +47,8 @@ export PYTHONPATH=$PKG PYTHONUNBUFFERED=1
 if [ "$DRY" = 1 ]; then
     CARD=${CARD:-dry}
     FLAG=--dry-run
-else  # "NVIDIA H100 80GB HBM3" -> h100
-    CARD=${CARD:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr 'A-Z' 'a-z' \
-                   | grep -oE '\b[a-z]+[0-9]+\b' | head -1)}
-    CARD=${CARD:-gpu}
+else
+    CARD=${CARD:-$(card_name)}
     FLAG=
 fi
 LOG="$OUT/${CARD}_log.txt"
@@ -61,15 +60,6 @@ else
 fi
 $PY -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__,
 'transformers', transformers.__version__, 'cuda', torch.version.cuda)" 2>&1 | tee -a "$LOG"
-
-# part LIMIT_SECONDS COMMAND...: runs it under its limit, everything into the log; returns its exit code
-part() {
-    local limit=$1; shift
-    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
-    local rc=${PIPESTATUS[0]}
-    [ "$rc" = 124 ] && echo "!! stopped at its limit of $limit s: $*" | tee -a "$LOG"
-    return "$rc"
-}
 
 PARTS=${*:2}
 PARTS=${PARTS:-tests ceilings attention steps moe summary}

@@ -1,32 +1,26 @@
-"""GraphRunner: capture the decode step once per batch-size bucket, then replay it.
+"""GraphRunner: capture the step once per bucket, then replay it.
 
 A decode step of a small model is hundreds of tiny kernels; on a GPU the CPU time to launch
 them exceeds the time to run them. A CUDA graph records the whole step once and replays it
 with one launch. The price: everything about the step must be fixed at capture time, so
 
 * inputs live in *static buffers* that each replay refills in place (same addresses);
-* shapes are fixed, so the step is captured at bucketed batch sizes (1, 2, 4, 8, ...) and a
+* shapes are fixed, so decode steps are captured at bucketed batch sizes (1, 2, 4, 8, ...) and a
   batch is padded up to the next bucket. Padding rows are real rows of the computation: each
   writes its K/V to a reserved *dummy block* that no sequence owns, and attends to it alone;
 * the block table has a fixed width, so a context longer than `max_seq_len` runs eagerly;
 * the step must not sync with the host (sync_guard.py).
 
-Buckets are captured largest first into one shared memory pool: the smaller graphs reuse the
-larger one's intermediate buffers, as vLLM does, so memory does not grow with the bucket count.
+Steps that are not all decodes (prefill chunks, a speculative verification) are captured in
+*token-count* buckets (16, 32, 64, ... up to `max_num_tokens`), each with room for `max_batch`
+sequences: unused sequence slots get no tokens, unused token rows write into the dummy block,
+and logits are computed only for the rows a static index names. Their attention must launch a
+grid that depends on the padded counts alone (vLLM's idea). Buckets are captured largest first
+into one memory pool the smaller ones reuse, as vLLM does.
 
-Steps that are not all decodes (prefill chunks beside decodes, a speculative verification
-with several tokens per sequence) are captured too, in *token-count* buckets (16, 32, 64, ...
-up to `max_num_tokens`), each with room for `max_batch` sequences. Their attention must then
-launch a grid that depends on those padded counts only, never on the step's own lengths
-(vLLM's idea: `q_tokens // BLOCK_Q + num_seqs` programs, each finding its work on the device).
-Padding here is simpler than for decodes: the unused sequence slots have no tokens at all,
-and the unused token rows belong to no sequence; they write their K/V into the dummy block
-and attention leaves them alone. Logits are computed for a fixed number of rows picked by a
-static index (the rows the step samples from), not for every token.
-
-The capture backend is pluggable: `CudaGraphCapture` on CUDA, `EagerStandIn` elsewhere. The
-stand-in runs the step eagerly on the same static buffers under the sync guard and copies
-the result into fixed output buffers, so buckets, padding and sync-freedom are tested on the CPU.
+The capture backend is pluggable: `CudaGraphCapture` on CUDA, `EagerStandIn` elsewhere, which
+runs the step eagerly on the same static buffers under the sync guard, so buckets, padding and
+sync-freedom are tested on the CPU.
 """
 from __future__ import annotations
 
@@ -35,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from .model_runner import Feed, upload, upload_ids
+from .step_inputs import Feed, StepBuffers, step_inputs, upload
 from .sync_guard import sync_guard
 
 Step = Callable[[], tuple[torch.Tensor, ...]]
@@ -111,16 +105,11 @@ class GraphRunner:
         self.block_size = backend.cache.block_size
         self.max_seq_len, self.dummy_block = max_seq_len, dummy_block
         self.width = -(-max_seq_len // self.block_size)
-        n, long = max(self.buckets[-1], max_num_tokens), dict(dtype=torch.long, device=model.device)
-        self.input_ids = torch.zeros(n, **long)
-        self.positions = torch.zeros(n, **long)
-        self.seq_lens = torch.ones(n, **long)
-        self.slot_mapping = torch.full((n,), dummy_block * self.block_size, **long)
-        self.block_tables = torch.full((n, self.width), dummy_block, **long)
-        self.cu_seqlens_q = torch.arange(n + 1, **long)  # decode buckets: one token per sequence, always
-        self.mixed_cu_seqlens_q = torch.zeros(max_batch + 1, **long)  # mixed buckets: ragged
+        self.buffers = StepBuffers(max(self.buckets[-1], max_num_tokens), max_batch, self.width, dummy_block,
+                                   self.block_size, model.device)
         self.max_logit_rows = max_logit_rows or 8 * max_batch
-        self.sample_index = torch.zeros(min(self.max_logit_rows, max(max_num_tokens, 1)), **long)
+        self.sample_index = torch.zeros(min(self.max_logit_rows, max(max_num_tokens, 1)), dtype=torch.long,
+                                        device=model.device)
         self.graphs: dict[int, Captured] = {}
         self.mixed_graphs: dict[int, Captured] = {}
 
@@ -148,14 +137,12 @@ class GraphRunner:
 
     def logit_rows(self, tokens: int) -> int:
         return min(tokens, self.sample_index.shape[0])
+
     def _step(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The captured function: the decode forward on the first `size` rows of the buffers."""
-        meta = self.backend.build_metadata(
-            positions=self.positions[:size], cu_seqlens_q=self.cu_seqlens_q[:size + 1],
-            seq_lens=self.seq_lens[:size], slot_mapping=self.slot_mapping[:size],
-            block_tables=self.block_tables[:size], max_query_len=1, max_seq_len=self.max_seq_len,
-            graphed=True)
-        hidden = self.model(self.input_ids[:size], self.backend, meta)
+        meta = self.backend.build_metadata(**self.buffers.views(size, size, self.width), max_query_len=1,
+                                           max_seq_len=self.max_seq_len, graphed=True)
+        hidden = self.model(self.buffers.input_ids[:size], self.backend, meta)
         return hidden, self.model.compute_logits(hidden)
 
     def _mixed_step(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,12 +150,9 @@ class GraphRunner:
         logits of the rows `sample_index` names. `max_query_len` is the bucket's size, a bound
         that depends on the bucket alone (a kernel that sizes its grid by it stays valid)."""
         batch = self.buckets[-1]
-        meta = self.backend.build_metadata(
-            positions=self.positions[:tokens], cu_seqlens_q=self.mixed_cu_seqlens_q,
-            seq_lens=self.seq_lens[:batch], slot_mapping=self.slot_mapping[:tokens],
-            block_tables=self.block_tables[:batch], max_query_len=tokens, max_seq_len=self.max_seq_len,
-            graphed=True)
-        hidden = self.model(self.input_ids[:tokens], self.backend, meta)
+        meta = self.backend.build_metadata(**self.buffers.views(tokens, batch, self.width), max_query_len=tokens,
+                                           max_seq_len=self.max_seq_len, graphed=True)
+        hidden = self.model(self.buffers.input_ids[:tokens], self.backend, meta)
         return hidden, self.model.compute_logits(hidden[self.sample_index[:self.logit_rows(tokens)]])
 
     @torch.no_grad()
@@ -177,20 +161,11 @@ class GraphRunner:
         (hidden, logits)."""
         if not self.graphs:
             self.capture_all()
-        n, bs = len(seqs), self.block_size
+        n = len(seqs)
         size = self.bucket_for(n)
-        pad = size - n
-        positions = [c for c, _, _ in seqs]  # each sequence's one new token sits at num_cached
-        slots = [table[p // bs] * bs + p % bs for p, (_, _, table) in zip(positions, seqs)]
-        tables = []
-        for _, _, table in seqs:
-            used = table[:self.width]
-            tables += used + [self.dummy_block] * (self.width - len(used))
-        upload_ids(self.input_ids, token_ids + [0] * pad, feed)
-        upload(self.positions, positions + [0] * pad)
-        upload(self.seq_lens, [p + 1 for p in positions] + [1] * pad)
-        upload(self.slot_mapping, slots + [self.dummy_block * bs] * pad)
-        upload(self.block_tables.view(-1), tables + [self.dummy_block] * (pad * self.width))
+        padding = [(0, 1, [])] * (size - n)  # one token each, at position 0, into the dummy block
+        inputs = step_inputs(seqs + padding, self.block_size, self.dummy_block, width=self.width)
+        self.buffers.fill(token_ids + [0] * len(padding), inputs, feed)
         graph = self.graphs[size]
         graph.replay()
         hidden, logits = graph.outputs
@@ -204,24 +179,11 @@ class GraphRunner:
         sample_rows)."""
         if not self.graphs:
             self.capture_all()
-        bs, n = self.block_size, len(token_ids)
+        n = len(token_ids)
         tokens, batch = self.token_bucket_for(n), self.buckets[-1]
-        positions, slots, cu, tables = [], [], [0], []
-        for cached, new, table in seqs:
-            for p in range(cached, cached + new):
-                positions.append(p)
-                slots.append(table[p // bs] * bs + p % bs)
-            cu.append(cu[-1] + new)
-            used = table[:self.width]
-            tables += used + [self.dummy_block] * (self.width - len(used))
-        empty = batch - len(seqs)  # sequence slots with no tokens: nothing to attend
-        pad = tokens - n  # token rows of no sequence: their K/V go to the dummy block
-        upload_ids(self.input_ids, token_ids + [0] * pad, feed)
-        upload(self.positions, positions + [0] * pad)
-        upload(self.slot_mapping, slots + [self.dummy_block * bs] * pad)
-        upload(self.mixed_cu_seqlens_q, cu + [n] * empty)
-        upload(self.seq_lens, [c + k for c, k, _ in seqs] + [0] * empty)
-        upload(self.block_tables.view(-1), tables + [self.dummy_block] * (empty * self.width))
+        empty = [(0, 0, [])] * (batch - len(seqs))  # sequence slots with no tokens: nothing to attend
+        inputs = step_inputs(seqs + empty, self.block_size, self.dummy_block, width=self.width, num_tokens=tokens)
+        self.buffers.fill(token_ids + [0] * (tokens - n), inputs, feed)
         upload(self.sample_index, sample_rows + [0] * (self.sample_index.shape[0] - len(sample_rows)))
         graph = self.mixed_graphs[tokens]
         graph.replay()

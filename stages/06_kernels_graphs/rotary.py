@@ -11,7 +11,7 @@ is fp32, as in apply_rope, so fp32 results match it exactly (up to FMA contracti
 
 apply_rotary_and_write_kv folds kv_write.py's scatter into the same program: the rotated k
 goes from registers to its pool slot too, so a layer launches once for RoPE and the KV write,
-not twice, and reads k once. The Triton backend runs it (backends.py, `rotary_forward`).
+not twice, and reads k once. The Triton backend runs it (triton_backend.py, `rotary_forward`).
 """
 from __future__ import annotations
 

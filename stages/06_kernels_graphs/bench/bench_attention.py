@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.bench.measure import bench_cli
 
-from ..testing import decode_pool
+from .roofline import decode_pool
 from .ceilings import graph_time
 
 PAGE = 16
@@ -298,7 +298,8 @@ def run(args) -> dict:
         rows += decode_rows(DRY_DECODE if dry else DECODE, heads, kv_heads, dtype, device, reps, max(l2, 1))
     if "prefill" in args.parts:
         rows += prefill_rows(DRY_PREFILL if dry else PREFILL, heads, kv_heads, dtype, device, reps)
-    result = {"dry_run": dry, "dtype": str(dtype), "page": PAGE, "rows": rows}
+    # impl "lesson": the lesson's kernel set; "room": the gpu room's; "sdpa": torch's, for scale
+    result = {"dry_run": dry, "dtype": str(dtype), "page": PAGE, "kernels": "lesson+gpu", "rows": rows}
     if args.ceilings:
         result["ceilings"] = json.loads(open(args.ceilings).read())
     return result

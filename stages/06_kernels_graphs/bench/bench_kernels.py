@@ -23,8 +23,8 @@ from ..decode_attention import paged_decode_attention
 from ..fused_norm import fused_add_rms_norm
 from ..kv_write import write_kv
 from ..prefill_attention import varlen_paged_attention
-from .roofline import copy_bandwidth, device_timed
-from ..testing import decode_pool, make_paged_case, reference_attention
+from .testing import make_paged_case, reference_attention
+from .roofline import copy_bandwidth, decode_pool, device_timed
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 32, 8, 64, 16  # Llama-3.2-1B's attention shape
 
@@ -44,7 +44,8 @@ def interpreter_check() -> list[dict]:
                                          case.block_tables, case.max_query_len)
             name = "varlen prefill+decode"
         err = (got.float() - want).abs().max().item()
-        rows.append({"kernel": name, "seq_lens": seq_lens, "query_lens": qlens, "max_abs_err": err})
+        rows.append({"name": f"{name}/" + ",".join(map(str, qlens)), "kernel": name, "seq_lens": seq_lens,
+                     "query_lens": qlens, "max_abs_err": err})
         print(f"{name:24s} seq_lens={seq_lens} query_lens={qlens}: max |err| = {err:.2e}")
     return rows
 
@@ -56,7 +57,7 @@ def gpu_rows(dtype=torch.bfloat16) -> list[dict]:
     rows = []
 
     def row(kind, shape, seconds, nbytes, torch_seconds=None):
-        r = {"kernel": kind, "shape": shape, "us": seconds * 1e6, "GBps": nbytes / seconds / 1e9,
+        r = {"name": f"{kind}/{shape}", "kernel": kind, "shape": shape, "us": seconds * 1e6, "GBps": nbytes / seconds / 1e9,
              "pct_of_copy": 100 * nbytes / seconds / roof}
         if torch_seconds:
             r["speedup_vs_torch"] = torch_seconds / seconds
@@ -69,9 +70,9 @@ def gpu_rows(dtype=torch.bfloat16) -> list[dict]:
             q, k, v, tables, lens, out, nbytes = decode_pool(batch, context, HEADS, KV_HEADS, HEAD_DIM, BLOCK,
                                                             dtype, dev)
             nb = tables.shape[1]
-            for splits in (1, None):
-                from ..decode_attention import choose_num_splits
-                s = splits or choose_num_splits(batch, KV_HEADS, nb, torch.cuda.get_device_properties(dev).multi_processor_count)
+            from ..decode_attention import choose_num_splits
+            chosen = choose_num_splits(batch, KV_HEADS, nb, torch.cuda.get_device_properties(dev).multi_processor_count)
+            for s in sorted({1, chosen}):  # unsplit, and the split the backend would choose
                 t = device_timed(lambda: paged_decode_attention(q, k, v, tables, lens, num_splits=s, out=out), dev, reps=20)
                 row(f"decode split={s}", f"B={batch} L={context}", t, nbytes)
     for rows_n in (64, 1024, 8192):
@@ -101,7 +102,8 @@ def gpu_rows(dtype=torch.bfloat16) -> list[dict]:
         kd = qd[:, :KV_HEADS].contiguous()
         t_sdpa = device_timed(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kd, kd, is_causal=True,
                                                                                  enable_gqa=True), dev, reps=10)
-        rows.append({"kernel": "varlen prefill", "shape": f"{prompts}x{length}", "us": t * 1e6,
+        rows.append({"name": f"varlen prefill/{prompts}x{length}", "kernel": "varlen prefill",
+                     "shape": f"{prompts}x{length}", "us": t * 1e6,
                      "TFLOPs": flops / t / 1e12, "speedup_vs_sdpa": t_sdpa / t})
         print(f"varlen prefill {prompts}x{length}: {t * 1e6:9.1f} us {flops / t / 1e12:6.1f} TFLOP/s"
               f"  x{t_sdpa / t:.2f} vs torch sdpa")
@@ -114,9 +116,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> dict:
     if torch.cuda.is_available():
-        return {"rows": gpu_rows()}
+        return {"kernels": "lesson", "rows": gpu_rows()}
     print("# no CUDA: the interpreter's correctness run (timings under the interpreter mean nothing)")
-    return {"rows": interpreter_check()}
+    return {"kernels": "lesson", "rows": interpreter_check()}
 
 
 main = bench_cli(__doc__, add_args, run, lambda result: None, module="course.s06_kernels_graphs.bench.bench_kernels")

@@ -77,7 +77,8 @@ def run(args) -> dict:
     experts = random_layer(shape, dtype, device)
     bandwidth = read_bandwidth(device, 1 << 20 if dry else 1 << 30)
     rows = [measure_batch(experts, shape, b, bandwidth, device, dtype) for b in args.batches]
-    return {"shape": shape, "dtype": str(dtype), "read_GBps": bandwidth / 1e9, "rows": rows, "dry_run": dry,
+    return {"shape": shape, "dtype": str(dtype), "kernels": "gpu", "read_GBps": bandwidth / 1e9, "rows": rows,
+            "dry_run": dry,
             "device": torch.cuda.get_device_name() if not dry else "cpu"}
 
 

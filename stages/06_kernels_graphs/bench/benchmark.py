@@ -1,7 +1,8 @@
 """Stage 06 benchmark: the decode step, side by side, and end-to-end tok/s.
 
     python -m course.s06_kernels_graphs.bench.benchmark [--model 1b-random|135m-random] [--batches 1 4 16]
-                                                        [--context 256] [--quick] [--json out.json | --results]
+                                                        [--context 256] [--kernels lesson|gpu] [--quick]
+                                                        [--json out.json | --results]
 
 1. The decode step at each batch size, every variant on the same pool, in one run:
      stage 04       stage 03's PagedAttention, metadata built from fresh tensors each step
@@ -10,7 +11,8 @@
      +split         ... with every linear as one bmm over row blocks (split_linear.py; CPU)
      graphs         ... replayed from a captured CUDA graph (CPU: the eager stand-in, which
                     only checks capturability and adds its guard's overhead)
-     triton ...     the same with the Triton kernels (CUDA only: the interpreter is a checker)
+     triton ...     the same with the Triton kernels (CUDA only: the interpreter is a checker), the
+                    set `--kernels` names (the lesson's by default; `gpu`: the gpu room's)
    with the achieved bandwidth (bytes the step must move / time) against the measured copy
    bandwidth: the roofline point of each row.
 2. End to end: stage 04's engine vs this stage's best setting vs transformers `generate`.
@@ -32,13 +34,14 @@ from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetad
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
-from ..backends import make_backend
-from ..cpu.settings import CpuSettings
+from .. import cpu, gpu
+from ..engine import make_backend
+from ..cpu.split_linear import split_linears
 from ..engine import KernelEngineConfig, LLMEngine
 from ..fused_model import FusedCausalLM
-from ..cpu.split_linear import split_linears
 from ..graph_runner import GraphRunner
 from ..model_runner import ModelRunner
+from ..triton_backend import TritonPagedBackend
 from .roofline import copy_bandwidth, decode_cost, device_timed
 
 BLOCK = 16
@@ -64,7 +67,7 @@ def load(name: str, device, dtype):
     return loaded.model, loaded.tokenizer
 
 
-def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
+def decode_variants(model, cache, batch: int, context: int, on_gpu: bool, kernels: str = "lesson"):
     """name -> a function running one decode step of `batch` sequences at `context` tokens."""
     blocks_per_seq = -(-context // BLOCK)
     seqs = [(context - 1, 1, list(range(b * blocks_per_seq, (b + 1) * blocks_per_seq))) for b in range(batch)]
@@ -78,10 +81,12 @@ def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
         return model.compute_logits(model(ids, ref, meta))
 
     def runner(backend: str, fused: bool, graphs: bool, splits: int = 1):
-        m = FusedCausalLM(model, ops=backend) if fused else model
+        m = FusedCausalLM(model) if fused else model
         if splits > 1:
             split_linears(m, splits)
-        attn = make_backend(backend, cache)
+        attn = TritonPagedBackend(cache, kernels=kernels) if backend == "triton" else make_backend(backend, cache)
+        if fused:
+            m.follow(attn)
         g = GraphRunner(m, attn, max_batch=batch, max_seq_len=context, dummy_block=dummy) if graphs else None
         r = ModelRunner(m, attn, max_num_tokens=batch, max_num_seqs=batch, max_blocks_per_seq=blocks_per_seq,
                         dummy_block=dummy, graphs=g)
@@ -98,7 +103,7 @@ def decode_variants(model, cache, batch: int, context: int, on_gpu: bool):
 
 
 @torch.no_grad()
-def decode_table(model, batches, context, device) -> list[dict]:
+def decode_table(model, batches, context, device, kernels: str = "lesson") -> list[dict]:
     bw = copy_bandwidth(device)
     rows = []
     for batch in batches:
@@ -107,12 +112,13 @@ def decode_table(model, batches, context, device) -> list[dict]:
         cache.k.normal_()
         cache.v.normal_()
         cost = decode_cost(model, batch, context)
-        variants = decode_variants(model, cache, batch, context, device.type == "cuda")
+        variants = decode_variants(model, cache, batch, context, device.type == "cuda", kernels)
         base = None
         for name, step in variants.items():
             seconds = device_timed(step, device, warmup=3, reps=10)
             base = base or seconds
-            rows.append({"batch": batch, "context": context, "variant": name, "step_ms": seconds * 1e3,
+            rows.append({"name": f"{name}/batch={batch}", "batch": batch, "context": context, "variant": name,
+                         "step_ms": seconds * 1e3,
                          "speedup_vs_stage04": base / seconds, "achieved_GBps": cost.bytes / seconds / 1e9,
                          "pct_of_copy_bw": 100 * cost.bytes / seconds / bw, "tok_s": batch / seconds})
             r = rows[-1]
@@ -144,14 +150,15 @@ def end_to_end(model, tok, device, prompts: int, new_tokens: int, best: KernelEn
         # loads its GPU libraries).
         run(work, new_tokens) if run is stage06 else run([work[0][:8]], 2)
         wall = timed(run, work, new_tokens, device=device)
-        rows.append({"system": name, "tok_s": prompts * new_tokens / wall, "wall_s": wall})
+        rows.append({"name": name.split(" (")[0], "system": name, "tok_s": prompts * new_tokens / wall, "wall_s": wall})
         print(f"{name:55s} {rows[-1]['tok_s']:8.1f} tok/s")
     return rows
 
 
 def describe(c: KernelEngineConfig) -> str:
-    return "+".join([c.attention_backend] + ["fused"] * c.fused + [f"split{c.cpu.linear_splits}"] * (c.cpu.linear_splits > 1)
-                    + ["graphs"] * c.cuda_graphs)
+    kernels = [c.triton_kernels] if c.attention_backend == "triton" else []
+    return "+".join([c.attention_backend] + kernels + ["fused"] * c.fused
+                    + [f"split{c.linear_splits}"] * (c.linear_splits > 1) + ["graphs"] * c.cuda_graphs)
 
 
 def hf_generate(model, work, new_tokens):
@@ -176,10 +183,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--kernels", choices=["lesson", "gpu"], default="lesson", help="the Triton rows' kernel set")
     p.add_argument("--quick", action="store_true", help="tiny model, small sizes (a smoke run)")
 
 
 def run(args) -> dict:
+    gpu.register()  # the gpu room's kernel set, for --kernels gpu
+    cpu.register()  # the split linears of the CPU's best setting
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = "tiny" if args.quick else args.model
@@ -189,17 +199,17 @@ def run(args) -> dict:
         tok = byte_tokenizer()
     batches = args.batches or ([1, 4] if args.quick else [1, 2, 4, 8, 16, 32, 64] if device.type == "cuda" else [1, 4, 16])
     print(f"# {name}, {dtype}")
-    decode = decode_table(model, batches, args.context, device)
+    decode = decode_table(model, batches, args.context, device, args.kernels)
     splits = 1 if device.type == "cuda" else torch.get_num_threads()
     best = KernelEngineConfig(num_blocks=args.prompts * 16 + 8, block_size=BLOCK, max_num_seqs=args.prompts,
                               max_num_batched_tokens=1024, fused=True, cuda_graphs=device.type == "cuda",
-                              cpu=CpuSettings(linear_splits=splits),
+                              linear_splits=splits, triton_kernels=args.kernels,
                               attention_backend="triton" if device.type == "cuda" else "torch")
     e2e = end_to_end(model, tok, device, args.prompts, args.new_tokens, best)
     if device.type != "cuda":
         print("# no GPU here: Triton kernels, their bandwidth and real CUDA graphs need one "
               "(the interpreter's correctness run: python -m course.s06_kernels_graphs.bench.bench_kernels)")
-    return {"model": name, "dtype": str(dtype), "decode": decode, "e2e": e2e}
+    return {"model": name, "dtype": str(dtype), "kernels": args.kernels, "decode": decode, "e2e": e2e}
 
 
 main = bench_cli(__doc__, add_args, run, lambda result: None, module="course.s06_kernels_graphs.bench.benchmark")

@@ -140,7 +140,7 @@ def run(args) -> dict:
     goals = (decode_goals(rows, ceilings.get("read_GBps")) + prefill_goals(rows, ceilings.get("gemm_TFLOPs"))
              + step_goals(mixed) + suite_goals(tests))
     dry = any(part.get("dry_run") for part in (ceilings, *attention, mixed))
-    return {"card": args.card, "dry_run": dry, "goals": goals,
+    return {"card": args.card, "kernels": "lesson+gpu", "dry_run": dry, "goals": goals,
             "ceilings": {k: ceilings.get(k) for k in ("copy_GBps", "read_GBps", "gemm_TFLOPs")},
             "met": sum(g["pass"] for g in goals), "of": len(goals)}
 

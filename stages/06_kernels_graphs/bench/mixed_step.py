@@ -1,10 +1,10 @@
 """Steps that are not all decodes, against a decode step: do they replay a graph, and what do they cost?
 
     python -m course.s06_kernels_graphs.bench.mixed_step [--model 1b-random] [--context 1024] [--dry-run]
-                                                         [--json out.json | --results]
+                                                         [--kernels gpu|lesson] [--json out.json | --results]
 
-The engine is built as bench/benchmark.py builds its best GPU setting (Triton kernels, fused
-ops, CUDA graphs), on Llama-3.2-1B's shape with random weights, and its ModelRunner is driven
+The engine is built as bench/benchmark.py builds its best GPU setting (Triton kernels, the gpu
+room's by default, fused ops, CUDA graphs), on Llama-3.2-1B's shape with random weights, and its ModelRunner is driven
 with hand-made steps over 64 sequences of `context` cached tokens each (a random pool):
 
     decode   64 decodes
@@ -28,16 +28,17 @@ import torch
 from course.s01_decode_loop.bench.measure import bench_cli, median_of, timed
 from course.s01_decode_loop.testing import byte_tokenizer
 
+from .. import gpu
 from ..engine import KernelEngineConfig, LLMEngine
 from .benchmark import BLOCK, load
 
 
-def build_engine(model, seqs: int, context: int, max_tokens: int) -> LLMEngine:
+def build_engine(model, seqs: int, context: int, max_tokens: int, kernels: str = "gpu") -> LLMEngine:
     """benchmark.py's best GPU setting, with room for `seqs` sequences of `context` tokens."""
     pages = -(-context // BLOCK)
     config = KernelEngineConfig(num_blocks=seqs * pages + 8, block_size=BLOCK, max_num_seqs=seqs,
                                 max_num_batched_tokens=max_tokens, fused=True, cuda_graphs=True,
-                                attention_backend="triton")
+                                attention_backend="triton", triton_kernels=kernels)
     assert context <= config.graph_max_seq_len, "past the graphs' longest sequence every step runs eagerly"
     return LLMEngine(model, byte_tokenizer(), config)
 
@@ -107,10 +108,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk-tokens", type=int, default=64)
     p.add_argument("--verify-tokens", type=int, default=4)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--kernels", choices=["gpu", "lesson"], default="gpu", help="the Triton backend's kernel set")
 
 
 @torch.no_grad()
 def run(args) -> dict:
+    gpu.register()  # the gpu room's kernel set
     dry = args.dry_run or not torch.cuda.is_available()
     if dry:  # the same steps, scaled down
         args.model, args.context, args.seqs, args.chunks, args.chunk_tokens, args.reps = "tiny", 32, 4, 2, 4, 0
@@ -119,7 +122,7 @@ def run(args) -> dict:
     work = steps(args.seqs, args.context, args.chunks, args.chunk_tokens, args.verify_tokens, model.config.vocab_size)
     most = max(len(ids) for ids, _, _ in work.values())
     max_tokens = max(16, 1 << (most - 1).bit_length())  # the token bucket the largest step needs
-    engine = build_engine(model, args.seqs, args.context, max_tokens)
+    engine = build_engine(model, args.seqs, args.context, max_tokens, args.kernels)
     runner = engine.runner
     rows, graphed_logits = time_steps(runner, work, device, args.reps, "graphs", engine.cache)
     if not dry:  # for scale: the same steps with the graphs switched off
@@ -134,7 +137,7 @@ def run(args) -> dict:
                 row["logits_rel_diff_vs_eager"] = ((g - e).norm() / e.norm()).item()
     ms = {r["step"]: r.get("step_ms") for r in rows if r["mode"] == "graphs"}
     ratio = lambda step: ms[step] / ms["decode"] if ms.get(step) and ms.get("decode") else None  # noqa: E731
-    return {"dry_run": dry, "model": args.model, "context": args.context, "seqs": args.seqs, "chunks": args.chunks,
+    return {"dry_run": dry, "model": args.model, "kernels": args.kernels, "context": args.context, "seqs": args.seqs, "chunks": args.chunks,
             "chunk_tokens": args.chunk_tokens, "verify_tokens": args.verify_tokens, "max_num_batched_tokens": max_tokens,
             "rows": rows, "mixed_vs_decode": ratio("mixed"), "verify_vs_decode": ratio("verify"),
             "graphed": {r["step"]: r.get("graphed", False) for r in rows if r["mode"] == "graphs"}}

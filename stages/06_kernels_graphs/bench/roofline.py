@@ -76,3 +76,19 @@ def device_timed(fn, device, warmup: int = 2, reps: int = 10) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     return sorted(times)[len(times) // 2]
+
+
+def decode_pool(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype,
+                device, shuffle: bool = False):
+    """A decode step's inputs for timing the kernel: `batch` sequences of `context` tokens in a
+    random pool (their pages in order, or shuffled), one query each. Returns (q, k_pool,
+    v_pool, block_tables, seq_lens, out, nbytes), nbytes being what the kernel must move."""
+    pages = -(-context // block_size)
+    k = torch.randn(batch * pages + 1, block_size, kv_heads, head_dim, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    order = torch.randperm if shuffle else torch.arange
+    tables = order(batch * pages, device=device, dtype=torch.int32).view(batch, pages)
+    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
+    q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
+    nbytes = 2 * batch * context * kv_heads * head_dim * dtype.itemsize + 2 * q.nbytes + tables.nbytes
+    return q, k, v, tables, lens, torch.empty_like(q), nbytes

@@ -22,7 +22,8 @@ from course.s01_decode_loop.bench.measure import bench_cli
 from ..decode_attention import BLOCK_N, choose_num_splits, paged_decode_attention
 from .ceilings import graph_time
 from .roofline import copy_bandwidth
-from ..testing import decode_pool, make_paged_case, reference_attention
+from .testing import make_paged_case, reference_attention
+from .roofline import decode_pool
 
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 64, 16  # Llama-3.2-1B's attention shape, as bench_kernels
 SHAPES = [(1, 2048), (1, 8192), (8, 2048), (32, 2048), (64, 2048), (64, 8192)]
@@ -48,7 +49,8 @@ def sweep(dtype=torch.bfloat16) -> list[dict]:
                 continue
             t = graph_time(lambda: paged_decode_attention(q, k, v, tables, lens, num_splits=splits, out=out,
                                                           block_n=block_n, num_warps=warps))
-            results.append({"batch": batch, "context": context, "block_n": block_n, "num_warps": warps or 0,
+            results.append({"name": f"B={batch} L={context} block_n={block_n} warps={warps or 0} splits={splits}",
+                            "batch": batch, "context": context, "block_n": block_n, "num_warps": warps or 0,
                             "splits": splits, "us": t * 1e6, "GBps": nbytes / t / 1e9,
                             "pct_of_copy": 100 * nbytes / t / roof,
                             "default": block_n == BLOCK_N and warps is None and splits == default_splits})
@@ -84,8 +86,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args) -> dict:
     if not torch.cuda.is_available():
         print("# no CUDA: nothing to tune (the interpreter's timings mean nothing)")
-        return {"rows": []}
-    return {"rows": sweep()}
+        return {"kernels": "lesson", "rows": []}
+    return {"kernels": "lesson", "rows": sweep()}
 
 
 main = bench_cli(__doc__, add_args, run, lambda result: None, module="course.s06_kernels_graphs.bench.tune_decode")

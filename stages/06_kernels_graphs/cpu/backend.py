@@ -1,5 +1,5 @@
 """The cpu attention backend: every row of every step through attention.c, read straight from
-the pool, and, where its settings allow, each whole decoder layer in one C call (layer.py).
+the pool, and, where `one_call_layers` allows, each whole decoder layer in one C call (layer.py).
 
 It is the torch backend's metadata and KV write with its own plan: the rows the C kernel
 attends, one call per layer. It offers its one-call layers through the backend seam
@@ -13,8 +13,11 @@ import torch
 
 from course.s03_paged.paged_attention import PagedKVCache
 
-from ..backends import KernelMetadata, LayerKernels, TorchPagedBackend
-from .settings import CpuSettings
+from course.s01_decode_loop.moe.grouped import grouped_experts
+
+from ..backend_base import KernelMetadata, LayerKernels
+from ..torch_backend import TorchPagedBackend
+from .ops import CpuOps
 
 
 @dataclass
@@ -33,35 +36,38 @@ class CpuPagedBackend(TorchPagedBackend):
     tokens: the C kernel against grouped SDPA, `results/bench_cpu_kernels.json` (bench_cpu_kernels.py)."""
 
     name = "cpu"
-    fused_ops = "cpu"  # ops.c's norm, RoPE and SwiGLU for the per-op path
+    fused_ops = CpuOps  # ops.c's norm, RoPE and SwiGLU for the per-op path
 
-    def __init__(self, cache: PagedKVCache, settings: CpuSettings | None = None):
+    def __init__(self, cache: PagedKVCache, one_call_layers: bool = True):
         from .attention import check_shapes, kernel_unavailable
 
         super().__init__(cache)
-        self.settings = settings or CpuSettings()
+        self.one_call_layers = one_call_layers
         reason = kernel_unavailable()
         if reason:
             raise ValueError(f"the cpu attention backend needs its C kernel: {reason}; use the torch backend")
         check_shapes(cache.k[0])
 
+    @classmethod
+    def from_config(cls, cache: PagedKVCache, config) -> "CpuPagedBackend":
+        return cls(cache, config.one_call_layers)
+
     def layer_kernels(self, model) -> LayerKernels | None:
-        """layer.py's one-call layers, where the settings ask for them and the C covers the
+        """layer.py's one-call layers, where `one_call_layers` asks for them and the C covers the
         model (float32 or int8 weights, no biases, a compiler here); else None."""
         from .layer import CpuLayers
 
-        return CpuLayers.of(model, self) if self.settings.one_call_layers else None
+        return CpuLayers.of(model, self) if self.one_call_layers else None
 
-    def experts_kernel(self, experts, x, weights, ids):
-        """MoE layers of an eager float32 step: stage 04's grouped experts, each expert's rows
+    @property
+    def experts_kernel(self):
+        """MoE layers of an eager float32 step: stage 01's grouped experts, each expert's rows
         through layer.c's products (the dense layers' own: blocked up to 64 rows, MKL past)."""
-        from course.s01_decode_loop.moe.grouped import grouped_experts
-
         from .layer import layer_kernel_unavailable, product
 
-        if self.step_graphed or x.dtype != torch.float32 or layer_kernel_unavailable() is not None:
-            return super().experts_kernel(experts, x, weights, ids)
-        return grouped_experts(experts, x, weights, ids, linear=product)
+        if self.step_graphed or self.cache.k.dtype != torch.float32 or layer_kernel_unavailable() is not None:
+            return super().experts_kernel
+        return lambda experts, x, weights, ids: grouped_experts(experts, x, weights, ids, linear=product)
 
     def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> NativeRows:
         seqs, row_lens = [], []

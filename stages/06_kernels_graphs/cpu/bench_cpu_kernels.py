@@ -6,7 +6,7 @@
 SmolLM2-135M's attention shape (9 query heads, 3 KV heads, head dim 64), float32, block size
 16, block tables shuffled over the pool. For each step shape, the same pool and metadata go to
     gather    the sync-free path of captured steps: every table gathered at once, einsums
-    sdpa      the torch backend's eager plan: decodes in length-sorted groups of 8, SDPA
+    sdpa      the torch backend's eager plan (planned.py): decodes in length-sorted groups of 8, SDPA
     cpu       the cpu backend: attention.c reads the pool in place, every row in one call
 each timing includes the KV write, as a layer's attention call does. Ratios are against `sdpa`,
 the torch backend's default.
@@ -30,13 +30,15 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
-from ..backends import TorchPagedBackend
+from ..bench.testing import make_paged_case, one_layer_step
+from ..fused_model import TorchOps
+from ..torch_backend import TorchPagedBackend
 from .backend import CpuPagedBackend
-from .layer import BLOCKED_ROWS, product
-from .split_linear import split_matmul
-from ..fused_model import CpuOps, TorchOps
 from .int8_linear import quantize_rows
-from ..testing import make_paged_case, one_layer_step
+from .layer import BLOCKED_ROWS, product
+from .ops import CpuOps
+from .planned import PlannedTorchBackend
+from .split_linear import split_matmul
 
 HEADS, KV_HEADS, DIM, BLOCK = 9, 3, 64, 16
 SHAPES = {  # name -> (query tokens, total length) per sequence
@@ -54,7 +56,7 @@ def measure(shape, reps: int) -> dict:
     case = make_paged_case([t for _, t in shape], [n for n, _ in shape], num_heads=HEADS, num_kv_heads=KV_HEADS,
                            head_dim=DIM, block_size=BLOCK)
     runs = {}
-    for name, make, host in (("gather", TorchPagedBackend, False), ("sdpa", TorchPagedBackend, True),
+    for name, make, host in (("gather", TorchPagedBackend, False), ("sdpa", PlannedTorchBackend, True),
                              ("cpu", CpuPagedBackend, True)):
         if name == "gather" and case.max_query_len > 1:
             continue  # the captured path exists for decode-only steps
@@ -117,7 +119,7 @@ def step_matmuls(rows_list=(1, 2, 4, 8, 16, 32, 64, 128), reps: int = 5) -> list
     for rows in rows_list:
         ms = {name: 1e3 * t for name, t in time_products(weights, rows, reps).items()}
         ms["int8"] = 1e3 * time_products(int8, rows, reps)["C"]  # the same products, int8 weights (int8.c)
-        out.append({"rows": rows, "ms": ms, "C_speedup": {name: t / ms["C"] for name, t in ms.items() if name != "C"},
+        out.append({"name": f"{rows} rows", "rows": rows, "ms": ms, "C_speedup": {name: t / ms["C"] for name, t in ms.items() if name != "C"},
                     "GBps": {name: (nbytes / 4 if name == "int8" else nbytes) / t / 1e6 for name, t in ms.items()},
                     "GFLOPs": {name: rows * flops / t / 1e6 for name, t in ms.items()}})
         cells = "  ".join(f"{name} {t:6.1f} ms ({rows * flops / t / 1e6:4.0f} GFLOP/s)" for name, t in ms.items())
@@ -135,7 +137,7 @@ def run(args) -> dict:
     rows = []
     with torch.no_grad():
         for name, shape in SHAPES.items():
-            r = measure(shape, args.reps) | {"shape": name}
+            r = measure(shape, args.reps) | {"name": name, "shape": name}
             rows.append(r)
             cells = "  ".join(f"{k} {v:7.3f} ms" for k, v in r["ms"].items())
             print(f"{name:28s} {cells}   cpu {r['cpu_speedup_vs_sdpa']:4.1f}x sdpa  (max |diff| {r['max_abs_diff']:.1e})")
@@ -144,13 +146,14 @@ def run(args) -> dict:
         for tokens in (1, 32, 256):
             ms = {name: 1e3 * median_of(layer_ops(ops, tokens), repeats=args.reps * 10) for name, ops in
                   (("torch", TorchOps), ("cpu", CpuOps))}
-            ops_rows.append({"tokens": tokens, "ms": ms, "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
+            ops_rows.append({"name": f"{tokens} tokens", "tokens": tokens, "ms": ms,
+                             "cpu_speedup_vs_torch": ms["torch"] / ms["cpu"]})
             print(f"{tokens:4d} tokens  torch {ms['torch']:7.3f} ms  cpu {ms['cpu']:7.3f} ms   "
                   f"cpu {ms['torch'] / ms['cpu']:4.1f}x torch")
         print("# one decode step's matrix products (30 layers + lm_head, fp32): layer.c (its blocked kernel up "
               f"to {BLOCKED_ROWS} rows, MKL's sgemm past it) vs MKL's sgemm (F.linear) and torch's split bmm")
         matmul_rows = step_matmuls()
-    return {"attention": rows, "small_ops": ops_rows, "step_matmuls": matmul_rows}
+    return {"kernels": "cpu", "attention": rows, "small_ops": ops_rows, "step_matmuls": matmul_rows}
 
 
 main = bench_cli(__doc__, add_args, run, lambda result: None, module="course.s06_kernels_graphs.cpu.bench_cpu_kernels")

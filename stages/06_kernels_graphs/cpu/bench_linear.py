@@ -88,7 +88,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run_all(args) -> dict:
     parts = args.parts or torch.get_num_threads()
-    return {"parts": parts, "rows": run(args.rows, parts)}
+    return {"kernels": "cpu", "parts": parts, "rows": run(args.rows, parts)}
 
 
 main = bench_cli(__doc__, add_args, run_all, lambda result: None, module="course.s06_kernels_graphs.cpu.bench_linear")

@@ -61,10 +61,10 @@ def run(args) -> dict:
             floor = median_of(products_only, experts, rows_of, repeats=args.reps)
             grouped = median_of(backend.experts_kernel, experts, x, weights, ids, repeats=args.reps)
         expert_bytes = 3 * args.hidden * args.inter * 4
-        rows.append({"batch": batch, "distinct_experts": len(rows_of), "products_ms": floor * 1e3,
+        rows.append({"name": f"batch={batch}", "batch": batch, "distinct_experts": len(rows_of), "products_ms": floor * 1e3,
                      "grouped_ms": grouped * 1e3, "overhead": grouped / floor,
                      "products_GBps": len(rows_of) * expert_bytes / floor / 1e9})
-    return {"shape": {"experts": args.experts, "hidden": args.hidden, "inter": args.inter, "top_k": args.top_k},
+    return {"kernels": "cpu", "shape": {"experts": args.experts, "hidden": args.hidden, "inter": args.inter, "top_k": args.top_k},
             "threads": torch.get_num_threads(), "rows": rows}
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..backends import LayerKernels
+from ..backend_base import LayerKernels
 from . import native
 from .int8_linear import Int8Linear
 from .split_linear import SplitLinear

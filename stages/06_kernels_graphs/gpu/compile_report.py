@@ -324,6 +324,12 @@ def occupancy_warps(registers: int | None, shared: int, num_warps: int, card: Ca
     return programs * num_warps
 
 
+def row_name(source: str, kernel: str, case: str) -> str:
+    """A row's name in the results file: its kernel set (lesson or gpu), the kernel, the case."""
+    short = kernel.strip("_").removesuffix("_kernel")
+    return f"{source.split('/')[0]}/{short}/{case.replace('[', ' (').replace(']', ')')}"
+
+
 def compile_case(case: dict, arch: int, tools: dict) -> dict:
     """Compile one case for sm_<arch> and read its resources (needs TRITON_INTERPRET=0)."""
     import triton
@@ -332,8 +338,9 @@ def compile_case(case: dict, arch: int, tools: dict) -> dict:
     from triton.compiler import ASTSource
 
     kernel, signature = case["kernel"], case["signature"]
-    row = {"source": case.get("source", ""), "kernel": kernel.__name__, "case": case["name"],
-           "num_warps": case["num_warps"], "num_stages": case["num_stages"]}
+    row = {"name": row_name(case.get("source", ""), kernel.__name__, case["name"]), "source": case.get("source", ""),
+           "kernel": kernel.__name__, "case": case["name"], "num_warps": case["num_warps"],
+           "num_stages": case["num_stages"]}
     # Pointers are 16-byte aligned (torch allocates so); the case names the integers that are too.
     divisible = [["tt.divisibility", 16]]
     named = case.get("attrs") or {}
@@ -380,7 +387,7 @@ def _child_main(request_path: str, result_path: str) -> None:
     modules = sorted({case["kernel"].fn.__module__ for case in cases})
     with open(result_path, "w") as f:
         site = os.path.dirname(os.path.dirname(triton.__file__))  # tools named from the wheel's root
-        json.dump({"target": f"cuda:{arch}", "triton": triton.__version__,
+        json.dump({"target": f"cuda:{arch}", "triton": triton.__version__, "kernels": "lesson+gpu",
                    "tools": {tool: path and os.path.relpath(path, site) for tool, path in tools.items()},
                    "sources": {m: _file_digest(sys.modules[m].__file__) for m in modules},
                    "rooms_missing": missing, "rows": rows}, f)

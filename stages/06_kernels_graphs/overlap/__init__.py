@@ -2,4 +2,11 @@
 (pipeline.py)."""
 from .pipeline import InFlight, OverlapScheduler
 
-__all__ = ["InFlight", "OverlapScheduler"]
+__all__ = ["InFlight", "OverlapScheduler", "register"]
+
+
+def register() -> None:
+    """Plug the room into the lesson: the engine option `overlap`."""
+    from ..engine import register_extension
+
+    register_extension("overlap", OverlapScheduler.of)

@@ -39,6 +39,8 @@ from course.s04_continuous_batching.batch_sampler import sample_tokens, samples_
 from course.s04_continuous_batching.engine import StepOutput
 from course.s04_continuous_batching.request import Request
 
+from ..engine import Extension
+
 
 @dataclass
 class InFlight:
@@ -50,12 +52,24 @@ class InFlight:
     rows: dict[int, int]                  # request id -> its row
 
 
-class OverlapScheduler:
+class OverlapScheduler(Extension):
+    """The engine's step, run ahead where it can (`KernelEngineConfig.overlap`)."""
+
     def __init__(self, engine):
         self.engine = engine
         self.inflight: InFlight | None = None
         self.side = torch.cuda.Stream(engine.model.device) if engine.model.device.type == "cuda" else None
         self.deferred_steps = 0  # steps launched before the previous one was read
+
+    @classmethod
+    def of(cls, engine) -> "OverlapScheduler | None":
+        return cls(engine) if engine.config.overlap else None
+
+    def in_flight(self) -> bool:
+        return self.inflight is not None
+
+    def stats(self) -> dict:
+        return {"overlapped_steps": self.deferred_steps}
 
     def step(self) -> list[StepOutput]:
         engine, outputs = self.engine, []

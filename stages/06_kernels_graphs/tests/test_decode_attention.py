@@ -1,6 +1,8 @@
 """The paged decode kernel against the PyTorch oracle, under Triton's interpreter on CPU
 (compiled on a GPU). Pools are NaN-poisoned past every sequence's tokens, tables are shuffled
 and padded with a NaN block, and outputs start as NaN, so a stray read or a missed write shows."""
+from functools import partial
+
 import pytest
 import torch
 from course.s06_kernels_graphs.decode_attention import (
@@ -8,11 +10,11 @@ from course.s06_kernels_graphs.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.testing import (
-    make_paged_case,
-    nan_like,
-    reference_attention,
-)
+from course.s06_kernels_graphs.bench.testing import (check_decode, make_paged_case, nan_like, reference_attention,
+                                                      run_decode, strided_q_and_out)
+
+_run = partial(run_decode, paged_decode_attention)
+_check = partial(check_decode, paged_decode_attention)
 
 
 def _case(seq_lens, **kw):
@@ -20,42 +22,28 @@ def _case(seq_lens, **kw):
     return make_paged_case(seq_lens, [1] * len(seq_lens), **kw)
 
 
-def _run(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
-
-
-def _check(case, tol=1e-5, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, nothing read from a poisoned slot
-    torch.testing.assert_close(out.float(), reference_attention(case, scale=kw.get("scale")), atol=tol, rtol=tol)
-    return out
-
-
-@pytest.mark.parametrize("num_splits", [1, 2, 3])
+@pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_odd_lengths_and_partial_blocks_match_reference(block_size, num_splits):
     case = _case([1, 5, 17, 33], block_size=block_size, seed=block_size)
     _check(case, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (6, 2), (8, 1)])  # GQA ratios 1, 3, 8
-@pytest.mark.parametrize("head_dim", [12, 64, 128])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(2, 2, 64), (6, 2, 12), (8, 1, 128)])  # GQA 1, 3, 8
 def test_gqa_ratios_and_head_dims_match_reference(num_heads, num_kv_heads, head_dim):
     case = _case([13, 6], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, seed=head_dim)
     _check(case)
     _check(case, num_splits=2)
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("dtype, tol, num_splits", [(torch.float32, 1e-5, 3), (torch.float16, 2e-3, 1),
+                                                    (torch.bfloat16, 2e-2, 3)])
 def test_dtypes_match_reference(dtype, tol, num_splits):
     case = _case([17, 11, 5], num_heads=6, num_kv_heads=2, head_dim=64, dtype=dtype, seed=3)
     _check(case, tol, num_splits=num_splits)
 
 
-@pytest.mark.parametrize("block_n", [32, 128])
-@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("block_n, num_splits", [(32, 1), (128, 3)])
 def test_tile_size_and_warps_knobs_match_reference(block_n, num_splits):
     """bench/tune_decode.py's knobs: a tile wider than a page (and than a short sequence) still masks
     every key past the end; num_warps changes the launch only."""
@@ -83,8 +71,7 @@ def test_split_k_equals_single_pass(num_splits):
     torch.testing.assert_close(_run(case, num_splits=num_splits), one, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("index_dtype, num_splits", [(torch.int32, 1), (torch.int64, 2)])
 def test_int32_and_int64_tables_and_out_buffer(index_dtype, num_splits):
     case = _case([15, 10], seed=9)
     case.block_tables = case.block_tables.to(index_dtype)
@@ -97,10 +84,7 @@ def test_int32_and_int64_tables_and_out_buffer(index_dtype, num_splits):
 
 def test_non_contiguous_q_and_out():
     case = _case([12, 5], seed=13)
-    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
-    wide[..., ::2] = case.q
-    case.q = wide[..., ::2]  # stride 2 along the head dim
-    out = nan_like(wide)[..., 1::2]
+    out = strided_q_and_out(case)
     assert not case.q.is_contiguous() and not out.is_contiguous()
     for splits in (1, 2):
         got = _run(case, out=out, num_splits=splits)

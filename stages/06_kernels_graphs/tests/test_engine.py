@@ -10,9 +10,13 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
-from course.s06_kernels_graphs.backends import TritonPagedBackend
+from course.s06_kernels_graphs import cpu, gpu
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
+from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
+
+cpu.register()  # the cpu backend and the linear options
+gpu.register()  # the "gpu" kernel set
 
 SHARED = b"You are a helpful assistant. "
 PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
@@ -38,11 +42,18 @@ def stage06(model, tok, params, pool, **options):
 GREEDY = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
 
 
-@pytest.mark.parametrize("pool", sorted(POOLS))
-@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
-@pytest.mark.parametrize("fused, splits", [(False, 1), (True, 1), (True, 2)], ids=["unfused", "fused", "fused-split"])
-def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs, fused, splits):
-    _, model = tiny
+# Every family once on the hardest path (a tight pool, fused and split linears, graphs), and one
+# family through the other settings: graphs or not, fused or not, the pool roomy or tight.
+TORCH_RUNS = [(name, "tight", True, True, 2) for name in sorted(TINY_CONFIGS)] + [
+    ("gqa_tied", "roomy", False, False, 1), ("gqa_tied", "roomy", False, True, 1), ("gqa_tied", "tight", False, False, 1),
+    ("gqa_tied", "roomy", True, False, 1), ("mqa_odd_heads", "tight", False, True, 1)]
+
+
+@pytest.mark.parametrize("name, pool, graphs, fused, splits", TORCH_RUNS, ids=[
+    f"{n}-{p}-{'graphs' if g else 'eager'}-{'fused' if f else 'unfused'}{'-split' if s > 1 else ''}"
+    for n, p, g, f, s in TORCH_RUNS])
+def test_torch_backend_gives_stage04_greedy_tokens(byte_tok, name, pool, graphs, fused, splits):
+    model = tiny_model(name)
     want = stage04(model, byte_tok, GREEDY, pool)
     got, engine = stage06(model, byte_tok, GREEDY, pool, cuda_graphs=graphs, fused=fused, linear_splits=splits)
     assert got == want
@@ -51,11 +62,27 @@ def test_torch_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs,
         assert engine.stats()["preemptions"] > 0  # the workload did what it is here for
 
 
-@pytest.mark.parametrize("pool", sorted(POOLS))
-@pytest.mark.parametrize("budget", [12, 40])  # 40: whole prompts in one chunk beside decodes
-@pytest.mark.parametrize("fused", [False, True], ids=["unfused", "fused-split"])
-def test_cpu_backend_gives_stage04_greedy_tokens(tiny, byte_tok, pool, budget, fused):
-    _, model = tiny
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_the_lessons_torch_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, graphs):
+    """The lesson's own eager paths (the gather for decodes, stage 03's for chunks), where the
+    CPU room has not put its planned steps in its place."""
+    from course.s06_kernels_graphs import engine as engine_module
+    from course.s06_kernels_graphs.torch_backend import TorchPagedBackend
+
+    monkeypatch.setitem(engine_module.BACKENDS, "torch", TorchPagedBackend)
+    model = tiny_model("qwen3")
+    got, engine = stage06(model, byte_tok, GREEDY, "tight", cuda_graphs=graphs, fused=graphs)
+    assert got == stage04(model, byte_tok, GREEDY, "tight") and type(engine.attn) is TorchPagedBackend
+
+
+CPU_RUNS = [(name, "tight", 40, True) for name in sorted(TINY_CONFIGS)] + [("gqa_tied", "roomy", 12, False),
+                                                                             ("mqa_odd_heads", "tight", 12, False)]
+
+
+@pytest.mark.parametrize("name, pool, budget, fused", CPU_RUNS,  # budget 40: whole prompts in one chunk beside decodes
+                         ids=[f"{n}-{p}-{b}-{'fused-split' if f else 'unfused'}" for n, p, b, f in CPU_RUNS])
+def test_cpu_backend_gives_stage04_greedy_tokens(byte_tok, name, pool, budget, fused):
+    model = tiny_model(name)
     want = stage04(model, byte_tok, GREEDY, pool)
     config = KernelEngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=budget, **POOLS[pool],
                                 attention_backend="cpu", fused=fused, linear_splits=2 if fused else 1)
@@ -99,10 +126,8 @@ def test_runner_returns_hidden_states_of_every_row(byte_tok):
 
 
 # ---- the Triton backend, through the interpreter (slow: two configs, short outputs) ----------
-TRITON_RUNS = ([(name, False, "gpu") for name in sorted(TINY_CONFIGS)]
-               + [("qwen2_bias", True, "gpu"), ("qwen3", True, "gpu"),
-                  ("gqa_tied", False, "lesson"),
-                  ("qwen2_bias", True, "lesson")])
+TRITON_RUNS = [("gqa_tied", False, "lesson"), ("mqa_odd_heads", False, "lesson"), ("qwen3", True, "lesson"),
+               ("llama3_rope", False, "gpu"), ("qwen2_bias", True, "gpu")]
 
 
 @pytest.mark.parametrize("name, graphs, kernels", TRITON_RUNS,
@@ -131,7 +156,7 @@ def test_fused_triton_layer_makes_one_launch_for_rope_and_kv_write_and_one_for_s
     never the separate RoPE kernel, the separate KV write or torch's silu."""
     from course.s03_paged.paged_attention import PagedKVCache
     from course.s06_kernels_graphs import kv_write, rotary, silu_mul
-    from course.s06_kernels_graphs.backends import make_backend
+    from course.s06_kernels_graphs.engine import make_backend
     from course.s06_kernels_graphs.fused_model import FusedCausalLM
 
     calls = []
@@ -161,13 +186,28 @@ def test_an_unknown_backend_fails_at_construction(byte_tok):
         LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, attention_backend="nope"))
 
 
-def test_cpu_settings_given_one_by_one_land_in_cpu_and_read_back():
-    from dataclasses import replace
+def test_room_options_are_refused_until_their_room_registers(byte_tok, monkeypatch):
+    """A backend, kernel set or option a room brings exists only once the room registered it."""
+    from course.s06_kernels_graphs import engine, triton_backend
 
-    from course.s06_kernels_graphs.cpu.settings import CpuSettings
+    monkeypatch.setattr(engine, "BACKENDS", {k: v for k, v in engine.BACKENDS.items() if k != "cpu"})
+    monkeypatch.setattr(triton_backend, "KERNEL_SETS", {"lesson": triton_backend.LessonKernels})
+    monkeypatch.setattr(engine, "EXTENSIONS", {})
+    model = tiny_model("gqa_tied")
+    for options, refusal in [({"attention_backend": "cpu"}, "unknown attention backend"),
+                             ({"attention_backend": "triton", "triton_kernels": "gpu"}, "unknown triton kernels"),
+                             ({"overlap": True}, "overlap room"), ({"fused": True, "linear_splits": 2}, "cpu room")]:
+        with pytest.raises(ValueError, match=refusal):
+            LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, **options))
+    assert LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, fused=True)).extensions == {}
 
-    config = KernelEngineConfig(fused=True, linear_splits=2, quantization="int8", one_call_layers=False)
-    assert config.cpu == CpuSettings(linear_splits=2, quantization="int8", one_call_layers=False)
-    assert (config.linear_splits, config.quantization, config.one_call_layers) == (2, "int8", False)
-    assert replace(config, cuda_graphs=True).cpu == config.cpu  # a copy keeps them
-    assert KernelEngineConfig(cpu=CpuSettings(linear_splits=3), fused=True).linear_splits == 3
+
+@pytest.mark.parametrize("options, linear", [({}, "Linear"), ({"linear_splits": 2}, "SplitLinear"),
+                                             ({"linear_splits": 2, "quantization": "int8"}, "Int8Linear")])
+def test_prepare_module_gives_an_extra_module_the_targets_linears(byte_tok, options, linear):
+    """What the CPU room's options do to the fused model's linears, `prepare_module` does to
+    another module (a draft head); with no option set, the module comes back untouched."""
+    engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, fused=True, **options))
+    head = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+    assert engine.prepare_module(head) is head
+    assert [type(m).__name__ for m in (head[0], head[2], engine.runner.model.layers[0].qkv)] == [linear] * 3

@@ -10,13 +10,16 @@ from course.s01_decode_loop.testing import TINY_EOS, tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
-from course.s06_kernels_graphs.backends import make_backend
+from course.s06_kernels_graphs import gpu
+from course.s06_kernels_graphs.engine import make_backend
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.graph_runner import CudaGraphCapture, GraphRunner
 from course.s06_kernels_graphs.model_runner import ModelRunner
-from course.s06_kernels_graphs.testing import make_paged_case, nan_like, reference_attention
+from course.s06_kernels_graphs.bench.testing import make_paged_case, nan_like, reference_attention
+from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
 
 pytestmark = pytest.mark.gpu
+gpu.register()  # the "gpu" kernel set
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
@@ -67,7 +70,7 @@ def test_cuda_graph_replay_equals_eager_for_mixed_and_verification_buckets(backe
     cache = PagedKVCache(model.config, 65, 4, device="cuda")
     cache.k.normal_()
     cache.v.normal_()
-    attn = make_backend(backend, cache, **({"kernels": kernels} if kernels else {}))
+    attn = TritonPagedBackend(cache, kernels=kernels) if kernels else make_backend(backend, cache)
     graphs = GraphRunner(model, attn, max_batch=4, max_seq_len=64, dummy_block=64, capture=CudaGraphCapture(),
                          max_num_tokens=64)
     eager = ModelRunner(model, attn, max_num_tokens=64, max_num_seqs=4, max_blocks_per_seq=16, dummy_block=64)

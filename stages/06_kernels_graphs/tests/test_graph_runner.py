@@ -5,13 +5,16 @@ import torch
 
 from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
-from course.s06_kernels_graphs.backends import make_backend
+from course.s06_kernels_graphs import gpu
+from course.s06_kernels_graphs.engine import make_backend
 from course.s06_kernels_graphs.graph_runner import EagerStandIn, GraphRunner, bucket_sizes
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.sync_guard import GraphCaptureError, sync_guard
+from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
 
 BLOCK, NUM_BLOCKS = 4, 40
 DUMMY = NUM_BLOCKS - 1  # the last pool block: owned by no sequence below
+gpu.register()  # the "gpu" kernel set
 
 
 def test_buckets_are_powers_of_two_up_to_the_largest_batch():
@@ -90,14 +93,13 @@ def test_buffers_and_outputs_keep_their_addresses_across_replays():
     model = tiny_model("gqa_tied")
     _, graphs, _ = setup(model)
     graphs.run(*decode_batch(3, seed=2))
-    addresses = [t.data_ptr() for t in (graphs.input_ids, graphs.positions, graphs.seq_lens, graphs.slot_mapping,
-                                         graphs.block_tables)]
+    buffers = vars(graphs.buffers).values()
+    addresses = [t.data_ptr() for t in buffers]
     outputs = [t.data_ptr() for t in graphs.graphs[4].outputs]
     for seed in range(3):
         hidden, _ = graphs.run(*decode_batch(3, seed=10 + seed))
         assert hidden.data_ptr() == outputs[0]  # callers read the static output, not a fresh tensor
-    assert [t.data_ptr() for t in (graphs.input_ids, graphs.positions, graphs.seq_lens, graphs.slot_mapping,
-                                   graphs.block_tables)] == addresses
+    assert [t.data_ptr() for t in buffers] == addresses
     assert [t.data_ptr() for t in graphs.graphs[4].outputs] == outputs
 
 
@@ -196,11 +198,11 @@ def mixed_batch(query_lens: list[int], seed: int = 0):
     return token_ids, seqs, sample_rows
 
 
-def mixed_setup(model, backend="torch", max_num_tokens=32):
+def mixed_setup(model, backend="torch", max_num_tokens=32, kernels="lesson"):
     cache = PagedKVCache(model.config, NUM_BLOCKS, BLOCK)
     cache.k.normal_()
     cache.v.normal_()
-    attn = make_backend(backend, cache)
+    attn = TritonPagedBackend(cache, kernels=kernels) if backend == "triton" else make_backend(backend, cache)
     graphs = GraphRunner(model, attn, max_batch=4, max_seq_len=32, dummy_block=DUMMY, max_num_tokens=max_num_tokens)
     eager = ModelRunner(model, attn, max_num_tokens=64, max_num_seqs=4, max_blocks_per_seq=8, dummy_block=DUMMY)
     return cache, graphs, eager
@@ -216,14 +218,18 @@ def test_token_buckets_double_from_sixteen_up_to_the_largest():
     assert not graphs.fits_mixed(20, 5, 32, 8) and not graphs.fits_mixed(20, 4, 33, 8)
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-@pytest.mark.parametrize("query_lens", [[7, 1, 1], [3, 3], [1, 12, 4, 1], [20]])
-def test_mixed_replay_equals_eager(backend, query_lens):
+STEPS = [[7, 1, 1], [3, 3], [1, 12, 4, 1], [20]]  # chunks beside decodes, a verification, both, one prompt
+MIXED_RUNS = [("torch", "-", q) for q in STEPS] + [("triton", "lesson", q) for q in STEPS[:2]] + \
+    [("triton", "gpu", q) for q in STEPS[2:]]
+
+
+@pytest.mark.parametrize("backend, kernels, query_lens", MIXED_RUNS)
+def test_mixed_replay_equals_eager(backend, kernels, query_lens):
     """Prefill chunks beside decodes and verifications, padded to a token bucket with empty
     sequence slots: the replayed step's hidden states, logits and K/V writes equal the eager
-    step's."""
+    step's (the Triton backend with either kernel set)."""
     model = tiny_model("gqa_tied")
-    cache, graphs, eager = mixed_setup(model, backend)
+    cache, graphs, eager = mixed_setup(model, backend, kernels=kernels)
     token_ids, seqs, sample_rows = mixed_batch(query_lens, seed=sum(query_lens))
     before_k, before_v = cache.k.clone(), cache.v.clone()
     want = eager.run(token_ids, seqs, sample_rows)

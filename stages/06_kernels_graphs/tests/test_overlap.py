@@ -9,17 +9,22 @@ import pytest
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import tiny_model
+from course.s06_kernels_graphs import gpu, overlap
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .test_engine import GREEDY, PROMPTS, stage04, stage06
+
+overlap.register()  # the `overlap` option
+gpu.register()  # the blocked experts of captured MoE steps
 
 SEEDED = [SamplingParams(max_new_tokens=8 + i, temperature=0.9, top_p=0.95, seed=100 + i) for i in range(len(PROMPTS))]
 UNEVEN = [SamplingParams(max_new_tokens=3 + 2 * i, temperature=0.0) for i in range(len(PROMPTS))]  # EOS allowed
 
 
-@pytest.mark.parametrize("pool, graphs", [("tight", False), ("roomy", True)], ids=["eager-tight", "graphs-roomy"])
-def test_overlap_gives_stage04_greedy_tokens(tiny, byte_tok, pool, graphs):
-    _, model = tiny
+@pytest.mark.parametrize("name, pool, graphs", [("gqa_tied", "tight", False), ("mixtral_moe", "roomy", True)],
+                         ids=["gqa_tied-eager-tight", "mixtral_moe-graphs-roomy"])
+def test_overlap_gives_stage04_greedy_tokens(byte_tok, name, pool, graphs):
+    model = tiny_model(name)
     want = stage04(model, byte_tok, GREEDY, pool)
     got, engine = stage06(model, byte_tok, GREEDY, pool, cuda_graphs=graphs, fused=True, overlap=True)
     assert got == want
@@ -61,7 +66,7 @@ def test_abort_and_arrival_with_a_step_in_flight(byte_tok):
     engine = _engine(model, byte_tok, overlap=True)
     ids = [engine.add_request(p, GREEDY) for p in prompts]
     victim = engine.add_request(list(PROMPTS[4]), GREEDY)
-    while engine.overlap.inflight is None:
+    while not engine.extensions["overlap"].in_flight():
         engine.step()
     engine.abort(victim)
     newcomer = engine.add_request(list(PROMPTS[3]), GREEDY)

@@ -4,11 +4,7 @@ or a missed write shows up as NaN."""
 import pytest
 import torch
 from course.s06_kernels_graphs.prefill_attention import BLOCK_M, varlen_paged_attention
-from course.s06_kernels_graphs.testing import (
-    make_paged_case,
-    nan_like,
-    reference_attention,
-)
+from course.s06_kernels_graphs.bench.testing import assert_matches_reference, make_paged_case, nan_like, reference_attention
 
 
 def _run(case, **kw):
@@ -17,10 +13,7 @@ def _run(case, **kw):
 
 
 def _check(case, tol, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, no NaN from unowned slots
-    torch.testing.assert_close(out.float(), reference_attention(case, scale=kw.get("scale")), atol=tol, rtol=tol)
+    return assert_matches_reference(_run(case, out=nan_like(case.q), **kw), case, tol, kw.get("scale"))
 
 
 @pytest.mark.parametrize("seq_lens, query_lens", [
@@ -28,15 +21,14 @@ def _check(case, tol, **kw):
     ([23, 30], [5, 17]),                # chunks after a cached prefix (18 and 13: not block multiples)
     ([21, 9, 33, 4], [6, 1, 1, 4]),     # mixed: prefill chunks beside single-token decodes
 ])
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [1, 16])
 def test_ragged_batches_match_reference(seq_lens, query_lens, block_size):
     case = make_paged_case(seq_lens, query_lens, num_heads=4, num_kv_heads=2, head_dim=16,
                            block_size=block_size, seed=block_size)
     _check(case, 1e-5)
 
 
-@pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (6, 2), (8, 1)])
-@pytest.mark.parametrize("head_dim", [12, 64, 128])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim", [(2, 2, 64), (6, 2, 12), (8, 1, 128)])  # GQA 1, 3, 8
 def test_gqa_and_head_dims(num_heads, num_kv_heads, head_dim):
     case = make_paged_case([13, 6], [5, 1], num_heads=num_heads, num_kv_heads=num_kv_heads,
                            head_dim=head_dim, block_size=4, seed=head_dim)

@@ -21,7 +21,6 @@ from course.s06_kernels_graphs.sync_guard import sync_guard
 
 TOL = {torch.float32: 1e-6, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 DTYPES = pytest.mark.parametrize("dtype", list(TOL), ids=lambda d: str(d).split(".")[1])
-INDEX_DTYPES = pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
 # The interpreter rounds fp32 -> bf16 toward zero (a GPU and torch round to nearest even), so a
 # bf16 result can sit one unit in the last place off torch's even where the math is identical.
 BF16_TRUNCATES = os.environ.get("TRITON_INTERPRET") == "1"
@@ -48,8 +47,8 @@ def fused_qkv(t, heads, kv_heads, dim, dtype, seed=0):
 # ---- write_kv ---------------------------------------------------------------------------------
 
 @DTYPES
-@INDEX_DTYPES
-@pytest.mark.parametrize("kv_heads, dim, block_size", [(1, 16, 4), (3, 12, 2), (2, 64, 16), (2, 128, 8)])
+@pytest.mark.parametrize("kv_heads, dim, block_size, index_dtype", [(1, 16, 4, torch.int32), (3, 12, 2, torch.int64),
+                                                                    (2, 64, 16, torch.int32), (2, 128, 8, torch.int64)])
 def test_write_kv_equals_stage03_scatter_on_a_ragged_batch(dtype, index_dtype, kv_heads, dim, block_size):
     cfg = config(2 * kv_heads, kv_heads, dim)
     seqs_shape = [(0, 7), (5, 1), (13, 25)]  # (cached, new): T = 33, with prefill and decode rows
@@ -75,9 +74,9 @@ def head_major(t, heads, dim, dtype, seed=0):
 
 
 @DTYPES
-@INDEX_DTYPES
 @pytest.mark.parametrize("layout", ["qkv_slices", "head_major"])
-@pytest.mark.parametrize("t, kv_heads, dim", [(1, 1, 16), (7, 3, 12), (33, 2, 64)])
+@pytest.mark.parametrize("t, kv_heads, dim, index_dtype", [(1, 1, 16, torch.int32), (7, 3, 12, torch.int64),
+                                                           (33, 2, 64, torch.int32)])
 def test_write_kv_changes_only_mapped_slots_and_skips_negative_ones(dtype, index_dtype, layout, t, kv_heads, dim):
     if layout == "qkv_slices":
         _, _, k, v = fused_qkv(t, 4, kv_heads, dim, dtype)
@@ -190,8 +189,8 @@ def test_rotary_follows_any_head_and_channel_strides(t, heads, kv_heads, dim):
 # ---- apply_rotary_and_write_kv ---------------------------------------------------------------------
 
 @DTYPES
-@INDEX_DTYPES
-@pytest.mark.parametrize("t, heads, kv_heads, dim", [(1, 4, 2, 16), (7, 6, 2, 12), (33, 9, 3, 64), (5, 8, 8, 128)])
+@pytest.mark.parametrize("t, heads, kv_heads, dim, index_dtype", [(1, 4, 2, 16, torch.int32), (7, 6, 2, 12, torch.int64),
+                                                                  (33, 9, 3, 64, torch.int32), (5, 8, 8, 128, torch.int64)])
 def test_rotary_and_kv_write_in_one_launch_equals_the_two_kernels(dtype, index_dtype, t, heads, kv_heads, dim):
     """q and k rotated as apply_rope rotates them; the rotated k and v at the mapped slots, bit for
     bit what apply_rotary_ then write_kv leave; every other slot of the NaN pool untouched."""

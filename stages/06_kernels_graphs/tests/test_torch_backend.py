@@ -1,50 +1,27 @@
-"""The PyTorch backend's planned eager step (decode rows in length-sorted groups, prefill
-chunks alone, both through SDPA) against stage 03's per-sequence reference and the oracle."""
+"""The PyTorch backend against stage 03's per-sequence path and the oracle: its captured
+(sync-free) paths for decode and mixed steps, and its eager steps."""
 import pytest
 import torch
-from course.s06_kernels_graphs.backends import TorchPagedBackend
-from course.s06_kernels_graphs.testing import make_paged_case, one_layer_step, reference_attention
+from course.s03_paged.paged_attention import PagedAttention
+from course.s06_kernels_graphs.bench.testing import make_paged_case, one_layer_step, reference_attention
+from course.s06_kernels_graphs.sync_guard import sync_guard
+from course.s06_kernels_graphs.torch_backend import TorchPagedBackend
+
+STEPS = {
+    "decodes": ([9, 31, 4, 18, 60], [1, 1, 1, 1, 1]),
+    "chunks over cached prefixes beside decodes": ([7, 33, 1, 50, 16], [1, 5, 1, 1, 16]),
+    "prefill only": ([40, 3], [40, 3]),
+}
 
 
-def _backend_and_meta(case, batched: bool, host: bool = True, decode_group: int = 2):
-    return one_layer_step(case, lambda cache: TorchPagedBackend(cache, batched=batched, decode_group=decode_group),
-                          host)
-
-
-@pytest.mark.parametrize("seq_lens, query_lens", [
-    ([7, 33, 1, 50, 16], [1, 5, 1, 1, 16]),  # decodes around a chunk after a cached prefix and a whole prompt
-    ([70, 5, 12], [1, 5, 1]),                # the longest sequence decodes: the decode width is the widest
-    ([40, 3], [40, 3]),                      # prefill only: no decode rows at all
-    ([9, 2], [1, 2]),                        # one decode, one short prompt
-    ([9, 31, 4, 18, 60], [1, 1, 1, 1, 1]),   # decode only, eager: groups of 2 in length order
-])
-@pytest.mark.parametrize("block_size", [1, 4, 16])
-@pytest.mark.parametrize("host", [True, False])  # lengths from the runner, or read back once
-def test_planned_step_equals_stage03_and_the_oracle(seq_lens, query_lens, block_size, host):
-    case = make_paged_case(seq_lens, query_lens, num_heads=6, num_kv_heads=2, head_dim=16,
-                           block_size=block_size, seed=block_size)
-    backend, meta, (k, v) = _backend_and_meta(case, batched=True, host=host)
-    if not host and meta.is_decode:  # no host lengths for a decode step: the captured path, unplanned
-        assert meta.plan is None
-    else:
-        assert len(meta.plan.prefills) == sum(n > 1 for n in query_lens)  # only the chunks go one by one
-        assert sum(g.rows.numel() for g in meta.plan.decodes) == sum(n == 1 for n in query_lens)
-    got = backend.forward(0, case.q, k, v, meta)
-    ref_backend, ref_meta, _ = _backend_and_meta(case, batched=False)
-    assert ref_meta.plan is None
-    want = ref_backend.forward(0, case.q, k, v, ref_meta)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("step", sorted(STEPS))
+@pytest.mark.parametrize("graphed", [True, False], ids=["captured", "eager"])
+def test_captured_and_eager_steps_equal_stage03_and_the_oracle(step, graphed):
+    """Captured steps run `decode_attention_gather` / `varlen_attention_gather` under the sync
+    guard; eager ones the gather for decodes and stage 03's path for chunks."""
+    case = make_paged_case(*STEPS[step], num_heads=6, num_kv_heads=2, head_dim=16, block_size=4, seed=len(step))
+    backend, meta, (k, v) = one_layer_step(case, TorchPagedBackend, graphed=graphed)
+    with sync_guard() if graphed else torch.no_grad():
+        got = backend.forward(0, case.q, k, v, meta)
+    torch.testing.assert_close(got, PagedAttention(backend.cache).forward(0, case.q, k, v, meta), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
-
-
-def test_decode_groups_are_sorted_by_length_and_padded_to_their_own_longest():
-    """A long prompt beside short decodes must not make every decode gather its width, nor a
-    long decode make the short ones gather its width."""
-    case = make_paged_case([100, 5, 90, 9, 7], [60, 1, 1, 1, 1], num_heads=2, num_kv_heads=1, head_dim=8,
-                           block_size=4)
-    _, meta, _ = _backend_and_meta(case, batched=True, decode_group=2)
-    assert meta.block_tables.shape[1] == 26  # 25 blocks of the prompt + the case's padding column
-    groups = meta.plan.decodes
-    assert [g.lens.tolist() for g in groups] == [[5, 7], [9, 90]]
-    assert [g.tables.shape for g in groups] == [(2, 2), (2, 23)]  # ceil(7 / 4), ceil(90 / 4)
-    assert [g.rows.tolist() for g in groups] == [[60, 63], [62, 61]]  # each decode's row in the flat batch

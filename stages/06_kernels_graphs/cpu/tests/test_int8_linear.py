@@ -8,10 +8,13 @@ from torch import nn
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, tiny_model
+from course.s06_kernels_graphs import cpu
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
 from course.s06_kernels_graphs.cpu.int8_linear import Int8Linear, quantize_linears, quantize_rows
 from course.s06_kernels_graphs.cpu.precision import perplexity, top1_agreement
+
+cpu.register()  # the room's backend and engine options, as the CLI plugs them in
 
 
 def test_rows_quantize_within_half_a_step():
@@ -45,9 +48,9 @@ def test_off_unless_chosen_and_refused_without_the_fused_copy(byte_tok):
     plain = LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=32, block_size=4, fused=True))
     assert not any(isinstance(m, Int8Linear) for m in plain.runner.model.modules())
     with pytest.raises(ValueError, match="fused=True"):
-        KernelEngineConfig(quantization="int8")
+        LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, quantization="int8"))
     with pytest.raises(ValueError, match="unknown quantization"):
-        KernelEngineConfig(quantization="int4", fused=True)
+        LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, quantization="int4", fused=True))
 
 
 def test_the_int8_engine_generates_and_leaves_the_model_passed_in_untouched(byte_tok):

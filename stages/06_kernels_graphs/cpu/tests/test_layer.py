@@ -7,15 +7,19 @@ import torch
 
 from course.s01_decode_loop.testing import tiny_model
 from course.s03_paged.paged_attention import PagedKVCache
+from course.s06_kernels_graphs import cpu
 from course.s06_kernels_graphs.cpu import layer as cpu_layer
-from course.s06_kernels_graphs.backends import make_backend
+from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend
+from course.s06_kernels_graphs.cpu.ops import CpuOps
+from course.s06_kernels_graphs.engine import make_backend
 from course.s06_kernels_graphs.cpu.layer import BLOCKED_ROWS, LayerCalls, product
-from course.s06_kernels_graphs.cpu.settings import CpuSettings
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
 from course.s06_kernels_graphs.cpu.int8_linear import Int8Linear, quantize_linears, quantize_rows
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.cpu.split_linear import split_linears
+
+cpu.register()  # the room's backend and engine options, as the CLI plugs them in
 
 BLOCK, BLOCKS = 4, 60
 
@@ -84,7 +88,7 @@ def test_int8_products_without_vnni_widen_to_float():
 def _side(fused, one_call=True):
     """The model beside its own pool and cpu backend (one-call layers on or off), and a runner."""
     cache = PagedKVCache(fused.config, BLOCKS + 1, BLOCK)
-    attn = make_backend("cpu", cache, settings=CpuSettings(one_call_layers=one_call))
+    attn = CpuPagedBackend(cache, one_call_layers=one_call)
     fused.follow(attn)
     return fused, cache, attn, ModelRunner(fused, attn, max_num_tokens=MAX_TOKENS, max_num_seqs=4,
                                            max_blocks_per_seq=MAX_BLOCKS, dummy_block=BLOCKS)
@@ -96,8 +100,8 @@ def test_int8_one_call_layers_equal_the_dequantized_float_model(name, spy):
     int8 ones compute (activations float32 between the products; inside them, rounded to int16
     where the CPU has VNNI), lm_head included."""
     model = tiny_model(name, seed=2)
-    int8 = quantize_linears(FusedCausalLM(model, ops="cpu"), parts=1)
-    floats = FusedCausalLM(model, ops="cpu")
+    int8 = quantize_linears(FusedCausalLM(model, ops=CpuOps), parts=1)
+    floats = FusedCausalLM(model, ops=CpuOps)
     for path, module in list(int8.named_modules()):
         if isinstance(module, Int8Linear):
             parent, attr = floats.get_submodule(path.rpartition(".")[0]) if "." in path else floats, path.rpartition(".")[2]
@@ -126,7 +130,7 @@ def spy(monkeypatch):
 def _pair(name, splits=2):
     """The fused model with one-call layers and without, same weights, each with its own pool."""
     model = tiny_model(name, seed=1)
-    return [_side(split_linears(FusedCausalLM(model, ops="cpu"), splits), one_call) for one_call in (True, False)]
+    return [_side(split_linears(FusedCausalLM(model, ops=CpuOps), splits), one_call) for one_call in (True, False)]
 
 
 def _step(side, tokens, seqs):

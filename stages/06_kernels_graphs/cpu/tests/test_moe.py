@@ -4,6 +4,9 @@ import torch
 
 from course.s01_decode_loop.moe.experts import Experts, naive_experts
 from course.s01_decode_loop.moe.router import route
+from course.s06_kernels_graphs import cpu
+
+cpu.register()  # the room's backend and engine options, as the CLI plugs them in
 
 
 def case(rows, num_experts, top_k, hidden, inter, seed=0):
@@ -20,7 +23,7 @@ def test_moe_cpu_backend_experts_through_the_c_products_equal_the_loop():
     from course.s01_decode_loop.testing import TINY_CONFIGS
     from course.s03_paged.paged_attention import PagedKVCache
     from course.s06_kernels_graphs.cpu.layer import layer_kernel_unavailable
-    from course.s06_kernels_graphs.backends import make_backend
+    from course.s06_kernels_graphs.engine import make_backend
 
     if layer_kernel_unavailable():
         pytest.skip(layer_kernel_unavailable())

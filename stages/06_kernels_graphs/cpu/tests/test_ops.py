@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from course.s06_kernels_graphs.fused_model import CpuOps, TorchOps
+from course.s06_kernels_graphs.cpu.ops import CpuOps
+from course.s06_kernels_graphs.fused_model import TorchOps
 
 
 @pytest.mark.parametrize("tokens", [1, 7, 40])  # 40: past the rows where the C loops go parallel

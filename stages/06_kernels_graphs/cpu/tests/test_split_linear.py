@@ -5,9 +5,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from course.s01_decode_loop.testing import tiny_model
-from course.s06_kernels_graphs.engine import KernelEngineConfig
+from course.s06_kernels_graphs import cpu
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
 from course.s06_kernels_graphs.cpu.split_linear import SplitLinear, split_linears
+
+cpu.register()  # the room's backend and engine options, as the CLI plugs them in
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
@@ -45,7 +48,7 @@ def test_the_fused_copy_is_split_and_the_model_passed_in_is_not():
 
 def test_splits_without_the_fused_copy_are_refused():
     with pytest.raises(ValueError, match="fused=True"):
-        KernelEngineConfig(linear_splits=2)
+        LLMEngine(tiny_model("gqa_tied"), None, KernelEngineConfig(num_blocks=8, linear_splits=2))
 
 
 def test_bench_linear_times_every_way_on_one_row(capsys):

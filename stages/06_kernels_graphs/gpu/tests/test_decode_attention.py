@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 from dataclasses import replace
+from functools import partial
 
 import pytest
 import torch
@@ -18,7 +19,8 @@ from course.s06_kernels_graphs.gpu.decode_attention import (
     paged_decode_attention,
 )
 from course.s06_kernels_graphs.sync_guard import sync_guard
-from course.s06_kernels_graphs.testing import make_paged_case, nan_like, reference_attention
+from course.s06_kernels_graphs.bench.testing import (check_decode, make_paged_case, nan_like, reference_attention,
+                                                      run_decode, strided_q_and_out)
 
 # Odd lengths, most ending mid-page; with the interpreter's 16-key splits, max_splits 4 gives
 # these sequences 1, 1, 2 and 3 splits in the same launch.
@@ -30,17 +32,8 @@ def _case(seq_lens=LENS, query_lens=None, **kw):
     return make_paged_case(seq_lens, query_lens or [1] * len(seq_lens), **kw)
 
 
-def _run(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
-
-
-def _check(case, tol=1e-5, **kw):
-    out = _run(case, out=nan_like(case.q), **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, nothing read from a poisoned slot
-    want = reference_attention(case.cpu(), scale=kw.get("scale"))
-    torch.testing.assert_close(out.float().cpu(), want, atol=tol, rtol=tol)
-    return out
+_run = partial(run_decode, paged_decode_attention)
+_check = partial(check_decode, paged_decode_attention)
 
 
 def _cdiv(a, b):
@@ -75,8 +68,7 @@ def _decodes_only(case):
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (8, 2), (8, 1)])  # GQA groups 1, 4, 8
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("max_splits", [1, 4])
+@pytest.mark.parametrize("head_dim, max_splits", [(64, 4), (128, 1)])
 def test_gqa_groups_head_dims_and_splits_match_reference(num_heads, num_kv_heads, head_dim, max_splits):
     case = _case(num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, seed=head_dim + num_heads)
     _check(case, max_splits=max_splits)
@@ -145,10 +137,7 @@ def test_query_start_attends_only_decodes_and_leaves_other_rows_untouched(max_sp
 
 def test_non_contiguous_q_and_out():
     case = _case([12, 5], seed=13)
-    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
-    wide[..., ::2] = case.q
-    case.q = wide[..., ::2]  # stride 2 along the head dim
-    out = nan_like(wide)[..., 1::2]
+    out = strided_q_and_out(case)
     got = _run(case, out=out, max_splits=2)
     assert got is out
     torch.testing.assert_close(out, reference_attention(case), atol=1e-5, rtol=1e-5)

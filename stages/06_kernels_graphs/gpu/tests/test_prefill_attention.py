@@ -15,7 +15,7 @@ from course.s06_kernels_graphs.gpu.prefill_attention import (
     prefill_tiles,
     varlen_attention,
 )
-from course.s06_kernels_graphs.testing import make_paged_case, nan_like, reference_attention
+from course.s06_kernels_graphs.bench.testing import assert_matches_reference, make_paged_case, nan_like, reference_attention
 
 INTERPRETER_BLOCK = prefill_tiles(None, 64, torch.float32).block_m  # 16 rows, 16 keys
 
@@ -45,11 +45,7 @@ def _run(case, k=None, v=None, **kw):
 
 
 def _check(case, tol=1e-5, **kw):
-    want = reference_attention(case.cpu(), scale=kw.get("scale"))
-    out = _run(case, **kw)
-    assert out.dtype == case.q.dtype and out.shape == case.q.shape
-    assert torch.isfinite(out).all()  # every row written, nothing read from a NaN slot
-    torch.testing.assert_close(out.float().cpu(), want, atol=tol, rtol=tol)
+    return assert_matches_reference(_run(case, **kw), case, tol, kw.get("scale"))
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads", [(2, 2), (4, 1), (8, 1)])  # GQA groups 1, 4, 8
@@ -68,7 +64,7 @@ def test_head_dims_padded_to_a_power_of_two(head_dim):
     _check(case)
 
 
-@pytest.mark.parametrize("block_size", [1, 4, 16])
+@pytest.mark.parametrize("block_size", [1, 16])
 def test_prefix_plus_diagonal(block_size):
     """A 3-tile chunk over a 21-token prefix: full prefix tiles unmasked, the prefix's partial
     tile masked, tiles left of the diagonal unmasked, diagonal tiles masked causally."""

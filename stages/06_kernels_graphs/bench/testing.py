@@ -90,43 +90,55 @@ def nan_like(x: torch.Tensor) -> torch.Tensor:
     return torch.full_like(x, float("nan"))
 
 
-def one_layer_step(case: PagedCase, make_backend, host: bool = True):
+def strided_q_and_out(case: PagedCase) -> torch.Tensor:
+    """Give the case a q strided along the head dim (stride 2); returns a NaN output strided too."""
+    wide = torch.randn(case.q.shape[0], case.q.shape[1], 2 * case.q.shape[2])
+    wide[..., ::2] = case.q
+    case.q = wide[..., ::2]
+    return nan_like(wide)[..., 1::2]
+
+
+def assert_matches_reference(out: torch.Tensor, case: PagedCase, tol: float = 1e-5, scale=None) -> torch.Tensor:
+    """A kernel's output for `case`: q's shape and dtype, every row written and nothing read
+    from a poisoned slot (no NaN), and the oracle's values (compared on the CPU)."""
+    assert out.dtype == case.q.dtype and out.shape == case.q.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float().cpu(), reference_attention(case.cpu(), scale), atol=tol, rtol=tol)
+    return out
+
+
+def run_decode(kernel, case: PagedCase, **kw) -> torch.Tensor:
+    """A paged decode kernel (the lesson's or the gpu room's) on the case's batch."""
+    return kernel(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
+
+
+def check_decode(kernel, case: PagedCase, tol: float = 1e-5, **kw) -> torch.Tensor:
+    """`run_decode` into a NaN-filled output, held to the oracle."""
+    return assert_matches_reference(run_decode(kernel, case, out=nan_like(case.q), **kw), case, tol, kw.get("scale"))
+
+
+def one_layer_step(case: PagedCase, make_backend, host: bool = True, graphed: bool = False):
     """The case's pool as a one-layer cache behind `make_backend(cache)`, and the step's metadata.
     The step writes each new token's K/V back to its own slot (so the pool is unchanged and the
     oracle still applies); returns (backend, metadata, (k, v) of the new tokens). The pool is made
-    finite (the engine's is: padded reads stay finite); `host`: the runner's host lengths, or none."""
+    finite (the engine's is: padded reads stay finite). `host`: the runner's host lengths, or none;
+    `graphed`: the metadata of a captured step (no host lengths)."""
     from types import SimpleNamespace
+
+    from ..step_inputs import step_inputs
 
     k_pool = torch.nan_to_num(case.k_cache, nan=7.0)
     v_pool = torch.nan_to_num(case.v_cache, nan=-7.0)
     cache = SimpleNamespace(k=k_pool[None].clone(), v=v_pool[None].clone(), block_size=case.k_cache.shape[1])
-    bs, slots, positions = cache.block_size, [], []
     tables = case.block_tables.long()
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        for p in range(total - new, total):
-            positions.append(p)
-            slots.append(tables[b, p // bs].item() * bs + p % bs)
+    seqs = [(total - new, new, table) for total, new, table in zip(case.seq_lens.tolist(), case.query_lens,
+                                                                   tables.tolist())]
+    inputs = step_inputs(seqs, cache.block_size, dummy_block=-1, width=tables.shape[1])
+    slots = torch.tensor(inputs.slot_mapping)
     backend = make_backend(cache)
-    host_lens = (case.query_lens, case.seq_lens.tolist()) if host else None
-    meta = backend.build_metadata(positions=torch.tensor(positions), cu_seqlens_q=case.cu_seqlens_q.long(),
-                                  seq_lens=case.seq_lens.long(), slot_mapping=torch.tensor(slots),
-                                  block_tables=tables, max_query_len=case.max_query_len,
-                                  max_seq_len=max(case.seq_lens.tolist()), host_lens=host_lens)
-    flat = cache.k[0].flatten(0, 1)[torch.tensor(slots)], cache.v[0].flatten(0, 1)[torch.tensor(slots)]
-    return backend, meta, flat
-
-
-def decode_pool(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype,
-                device, shuffle: bool = False):
-    """A decode step's inputs for timing the kernel: `batch` sequences of `context` tokens in a
-    random pool (their pages in order, or shuffled), one query each. Returns (q, k_pool,
-    v_pool, block_tables, seq_lens, out, nbytes), nbytes being what the kernel must move."""
-    pages = -(-context // block_size)
-    k = torch.randn(batch * pages + 1, block_size, kv_heads, head_dim, device=device, dtype=dtype)
-    v = torch.randn_like(k)
-    order = torch.randperm if shuffle else torch.arange
-    tables = order(batch * pages, device=device, dtype=torch.int32).view(batch, pages)
-    lens = torch.full((batch,), context, device=device, dtype=torch.int32)
-    q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype)
-    nbytes = 2 * batch * context * kv_heads * head_dim * dtype.itemsize + 2 * q.nbytes + tables.nbytes
-    return q, k, v, tables, lens, torch.empty_like(q), nbytes
+    meta = backend.build_metadata(positions=torch.tensor(inputs.positions), cu_seqlens_q=case.cu_seqlens_q.long(),
+                                  seq_lens=case.seq_lens.long(), slot_mapping=slots, block_tables=tables,
+                                  max_query_len=case.max_query_len, max_seq_len=max(inputs.seq_lens),
+                                  host_lens=(inputs.query_lens, inputs.seq_lens) if host and not graphed else None,
+                                  graphed=graphed)
+    return backend, meta, (cache.k[0].flatten(0, 1)[slots], cache.v[0].flatten(0, 1)[slots])
