@@ -144,9 +144,12 @@ def stages_named(args: list[str], root: Path = ROOT) -> set[str] | None:
 
 
 def pytest_configure(config):
-    # one worker per core: each worker's ops on its own core (two workers' threads spinning
-    # against each other on two cores make a tiny model's step many times slower)
+    # One worker per core: each worker's ops on its own share of the cores. Two processes whose
+    # OpenMP threads spin against each other on two cores run a tiny model's step ~7x slower
+    # (measured), so the servers, CLIs and notebook kernels a test starts get the same share.
     torch.set_num_threads(fair_threads())
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", str(fair_threads()))
     if config.getoption("--exercise", default=False):
         # Only the stages under test: a learner on stage 03 still runs stage 01's reference
         # attention underneath, whatever stage 01's exercise files hold.
