@@ -1,4 +1,5 @@
-"""Stage 04's scheduler, budgeting k+1 tokens for a request that carries k drafts.
+"""Stage 04's scheduler (its PriorityScheduler: every policy runs on it), budgeting k+1 tokens for
+a request that carries k drafts.
 
 A decoding request needs one token per step. With k drafted tokens it needs k+1 rows in the
 step (its last token and the drafts, verified together), and K/V slots for all of them: the
@@ -7,11 +8,11 @@ request that is not caught up (prefilling, or recomputing after a preemption) dr
 """
 from __future__ import annotations
 
+from course.s04_continuous_batching.priority_scheduler import PriorityScheduler
 from course.s04_continuous_batching.request import Request
-from course.s04_continuous_batching.scheduler import Scheduler
 
 
-class SpeculativeScheduler(Scheduler):
+class SpeculativeScheduler(PriorityScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.drafts: dict[int, list[int]] = {}  # request id -> this step's drafts (the engine fills it)

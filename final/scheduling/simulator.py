@@ -1,4 +1,4 @@
-"""A scheduling simulator: stage 04's real `Scheduler` and stage 03's real `BlockManager`, driven
+"""A scheduling simulator: stage 04's real scheduler and stage 03's real `BlockManager`, driven
 by a discrete-event loop in which the forward pass is replaced by the cost model.
 
     clock = 0
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from course.s03_paged.block_manager import BlockManager
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.policy import SchedulingPolicy
+from course.s04_continuous_batching.priority_scheduler import PriorityScheduler
 from course.s04_continuous_batching.request import Request
-from course.s04_continuous_batching.scheduler import Scheduler
 
 from .cost_model import CostModel
 
@@ -83,8 +83,8 @@ class SimResult:
 
 def simulate(trace: list[TraceRequest], cost: CostModel, config: EngineConfig, policy: SchedulingPolicy) -> SimResult:
     blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-    scheduler = Scheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens, config.enable_chunked_prefill,
-                          policy)
+    scheduler = PriorityScheduler(blocks, config.max_num_seqs, config.max_num_batched_tokens,
+                                  config.enable_chunked_prefill, policy)
     order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_s)
     first, done = {}, {}
     clock, steps, nxt = 0.0, 0, 0

@@ -10,21 +10,17 @@ that samples 64 requests pays that 64 times. `sample_batch` takes the step's log
   batched    greedy rows: one argmax. Sampled rows, as one sub-batch: temperature, top-k,
              top-p, min-p with one parameter per row, each applied to the rows that enable it
              (a disabled filter is never applied, exactly as in stage 01's `process_logits`),
-             then one draw per row (the exponential race, or one uniform: below);
+             then stage 01's draw, the exponential race, on each row's own generator;
   once       ONE `.tolist()` for the tokens (and logprobs): the step's only host sync.
 
-The draws: a seeded row runs stage 01's exponential race on its own request's generator (one
-`exponential_` per row), so a seeded request gets the tokens it gets alone, in any crowd. Given
-a `shared` generator (the engine's), the unseeded rows need no stream of their own: they draw
-ONE uniform each, all in one call, and take the token where it falls in the row's cumulative
-probabilities (inverse_cdf). Same distribution as the race, from one random number a row
-instead of one per vocabulary entry.
+The contract (tests/test_batch_sampler.py): every request gets exactly the token stage 01's
+per-row sampler gives it and consumes its generator identically, in any crowd. Where a
+request's own code raises (its processor), that row alone gets the exception; the others are
+sampled.
 
-The contract (tests/test_batch_sampler.py): without `shared`, every request gets exactly the
-token stage 01's per-row sampler gives it, and consumes its generator identically; with it, the
-same for greedy and seeded rows, and the unseeded rows get the inverse-CDF token of one uniform
-each, drawn in row order from that one generator. Where a request's own code raises (its
-processor), that row alone gets the exception; the others are sampled.
+Below the lesson, a marked section holds what the engine adds for speed: a second draw for the
+unseeded rows (`shared`: one uniform a row from the engine's generator instead of one random
+number per vocabulary entry) and the copies that keep the host from waiting on the device.
 """
 from __future__ import annotations
 
@@ -121,63 +117,6 @@ def sample_tokens(work: torch.Tensor, seqs: list[Sequence], shared: torch.Genera
     return tokens
 
 
-def samples_on_device(seq: Sequence) -> bool:
-    """Can this row's token be drawn without the host knowing its output so far? Not with
-    processors or penalties (they read its token ids), nor logprobs (read back with the token)."""
-    p = seq.params
-    return not p.logits_processors and not has_penalties(p) and p.logprobs is None
-
-
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A small host list on the device without waiting for it: `torch.tensor(values, device=cuda)`
-    copies from pageable memory and waits for the device to drain, a sync in the middle of a step."""
-    if device.type != "cuda":
-        return torch.tensor(values, dtype=dtype, device=device)
-    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
-
-
-def _draw(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
-    """Each row's sample from softmax(x): seeded rows by stage 01's exponential race on their own
-    generators; unseeded rows (with `shared`) by one uniform each, all in ONE call."""
-    probs = torch.softmax(x, dim=-1)
-    own = [j for j, seq in enumerate(seqs) if draws_own_noise(seq, shared)]
-    if not own:
-        return inverse_cdf(probs, shared)
-    tokens = race(probs, seqs, own).max(dim=-1).indices  # the unseeded rows' are replaced below
-    if len(own) < len(seqs):
-        seeded = set(own)
-        rest = to_device([j for j in range(len(seqs)) if j not in seeded], torch.long, probs.device)
-        tokens = tokens.index_put_((rest,), inverse_cdf(probs[rest], shared))
-    return tokens
-
-
-def race(probs: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
-    """Stage 01's exponential race for `rows`: p / q with q ~ Exponential(1) from each row's own
-    generator, one number per vocab entry. The argmax of such a row is its sample."""
-    q = torch.ones_like(probs)  # rows not in `rows` are someone else's: any finite noise
-    for j in rows:
-        q[j].exponential_(generator=seqs[j].sampler._generator_for(q.device))
-    q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would make 0/0 = NaN for a -inf token
-    return probs / q
-
-
-def inverse_cdf(probs: torch.Tensor, shared: torch.Generator) -> torch.Tensor:
-    """One token per row of `probs` from one uniform u per row: the first token whose cumulative
-    probability exceeds u x the row's total. The race needs a number per vocab entry (on our
-    CPU, exponential_ for 40 rows x 49k takes ~65 ms, a third of a decode step); this needs one
-    per row. Cumulated in float64 so the last tokens keep their share; `right=True` never picks
-    a zero-probability token, whose cumulative value equals the one before it."""
-    cdf = probs.to(torch.float64).cumsum_(dim=-1)
-    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=shared)
-    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze_(-1).clamp_(max=probs.shape[-1] - 1)
-
-
-def draws_own_noise(seq: Sequence, shared: torch.Generator | None) -> bool:
-    """A sampled row draws from its request's own generator when it asked for a seed (or when
-    there is no shared generator); an unseeded one draws from the shared generator."""
-    return not seq.params.greedy and (shared is None or seq.params.seed is not None)
-
-
 def filter_rows(work: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Stage 01's process_logits steps 3-6 (temperature, top-k, top-p, min-p) for a batch
     [B, vocab] with one parameter per row, each step on the sub-batch of sampled rows that
@@ -219,6 +158,32 @@ def _top_k(x: torch.Tensor, ks: list[int]) -> torch.Tensor:
     return x.masked_fill(x < kth, float("-inf"))
 
 
+def _draw(x: torch.Tensor, seqs: list[Sequence], shared: torch.Generator | None) -> torch.Tensor:
+    """Each row's sample from softmax(x) by stage 01's exponential race on its own generator
+    (with the engine's `shared` generator the unseeded rows draw otherwise: `draw_shared`, below)."""
+    probs = torch.softmax(x, dim=-1)
+    own = [j for j, seq in enumerate(seqs) if draws_own_noise(seq, shared)]
+    if len(own) < len(seqs):
+        return draw_shared(probs, seqs, own, shared)
+    return race(probs, seqs, own).max(dim=-1).indices
+
+
+def race(probs: torch.Tensor, seqs: list[Sequence], rows: list[int]) -> torch.Tensor:
+    """Stage 01's exponential race for `rows`: p / q with q ~ Exponential(1) from each row's own
+    generator, one number per vocab entry. The argmax of such a row is its sample."""
+    q = torch.ones_like(probs)  # rows not in `rows` are someone else's: any finite noise
+    for j in rows:
+        q[j].exponential_(generator=seqs[j].sampler._generator_for(q.device))
+    q.clamp_(min=torch.finfo(q.dtype).tiny)  # q == 0 would make 0/0 = NaN for a -inf token
+    return probs / q
+
+
+def draws_own_noise(seq: Sequence, shared: torch.Generator | None) -> bool:
+    """A sampled row draws from its request's own generator when it asked for a seed (or when
+    there is no shared generator); an unseeded one draws from the shared generator."""
+    return not seq.params.greedy and (shared is None or seq.params.seed is not None)
+
+
 def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, params) -> list[torch.Tensor]:
     """Stage 01's `token_logprobs` on the device for the rows that ask (on the model's raw
     logits): the chosen tokens' logprobs, then each row's k most likely (ids, values). topk runs
@@ -248,6 +213,55 @@ def _attach_logprobs(samples: list[Sample], params, host: list[list[float]]) -> 
             ids, values = next(tops), next(tops)
             pairs = [(int(t), v) for t, v in zip(ids, values)]
         samples[i].logprob, samples[i].top_logprobs = logprob, pairs
+
+
+# ================================================================================================
+# Beyond the lesson: fewer random numbers, no waiting on the device
+#
+# `draw_shared`: the engine passes `shared`, its `unseeded_generator`. A row that asked for no
+# seed needs no stream of its own, so the unseeded rows draw ONE uniform each, all in one call,
+# and take the token where it falls in the row's cumulative probabilities (`inverse_cdf`): the
+# race's distribution from one random number a row instead of one per vocabulary entry (tested:
+# `-k shared_draw`, `-k unseeded_noise`). Greedy and seeded rows stay exact.
+# `to_device` and `_to_host` move the step's small lists and results without extra syncs;
+# `samples_on_device` tells a later engine (stage 06's overlap) which rows need no host at all.
+# ================================================================================================
+
+def draw_shared(probs: torch.Tensor, seqs: list[Sequence], own: list[int], shared: torch.Generator) -> torch.Tensor:
+    """`_draw` when some rows draw from `shared`: those by `inverse_cdf`, all in ONE call; the
+    rows in `own` (seeded) by the race on their own generators, as in the lesson."""
+    if not own:
+        return inverse_cdf(probs, shared)
+    tokens = race(probs, seqs, own).max(dim=-1).indices  # the unseeded rows' are replaced below
+    seeded = set(own)
+    rest = to_device([j for j in range(len(seqs)) if j not in seeded], torch.long, probs.device)
+    return tokens.index_put_((rest,), inverse_cdf(probs[rest], shared))
+
+
+def inverse_cdf(probs: torch.Tensor, shared: torch.Generator) -> torch.Tensor:
+    """One token per row of `probs` from one uniform u per row: the first token whose cumulative
+    probability exceeds u x the row's total. The race needs a number per vocab entry (on our
+    CPU, exponential_ for 40 rows x 49k takes ~65 ms, a third of a decode step); this needs one
+    per row. Cumulated in float64 so the last tokens keep their share; `right=True` never picks
+    a zero-probability token, whose cumulative value equals the one before it."""
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    u = torch.rand((probs.shape[0], 1), dtype=torch.float64, device=probs.device, generator=shared)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze_(-1).clamp_(max=probs.shape[-1] - 1)
+
+
+def samples_on_device(seq: Sequence) -> bool:
+    """Can this row's token be drawn without the host knowing its output so far? Not with
+    processors or penalties (they read its token ids), nor logprobs (read back with the token)."""
+    p = seq.params
+    return not p.logits_processors and not has_penalties(p) and p.logprobs is None
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list on the device without waiting for it: `torch.tensor(values, device=cuda)`
+    copies from pageable memory and waits for the device to drain, a sync in the middle of a step."""
+    if device.type != "cuda":
+        return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype, pin_memory=True).to(device, non_blocking=True)
 
 
 def _to_host(*tensors: torch.Tensor) -> list[list[float]]:

@@ -27,6 +27,7 @@ from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 
 from .batch_sampler import sample_batch
+from .priority_scheduler import PriorityScheduler
 from .request import Request
 from .scheduler import Scheduler, SchedulingPolicy
 
@@ -59,7 +60,7 @@ class LLMEngine:
     reserved_blocks = 0  # pool blocks outside the BlockManager's reach (see __init__)
 
     def __init__(self, model: CausalLM, tokenizer, config: EngineConfig | None = None, eos_token_ids=(),
-                 policy: SchedulingPolicy | None = None, scheduler_cls: type[Scheduler] = Scheduler):
+                 policy: SchedulingPolicy | None = None, scheduler_cls: type[Scheduler] | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.config = config = config or EngineConfig()
         self.eos_token_ids = list(eos_token_ids)
@@ -70,8 +71,10 @@ class LLMEngine:
                                   model.dtype, model.device)
         self.attn = PagedAttention(self.cache)
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        if scheduler_cls is None:  # FCFS by default; a policy that displaces needs the scheduler that can
+            scheduler_cls = PriorityScheduler if policy is not None and policy.displaces else Scheduler
         self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.enable_chunked_prefill, policy)
+                                       config.enable_chunked_prefill, policy)
         self.requests: dict[int, Request] = {}
         self._ids = itertools.count()
         self.step_log: list[dict] = []  # what each step scheduled (tests assert on it)
@@ -120,6 +123,10 @@ class LLMEngine:
         if req and req.finished:
             del self.requests[request_id]
 
+    def output(self, request_id: int) -> GenerationOutput:
+        """What a request has produced so far (all of it once it has finished)."""
+        return self.requests[request_id].seq.output()
+
     def has_unfinished(self) -> bool:
         return bool(self.scheduler.waiting or self.scheduler.running)
 
@@ -150,7 +157,7 @@ class LLMEngine:
         for i in ids:
             if self.requests[i].error is not None:
                 raise self.requests[i].error
-        return [self.requests[i].seq.output() for i in ids]
+        return [self.output(i) for i in ids]
 
     # ---- run and postprocess --------------------------------------------------------------
     def _flatten(self, chunks: list[tuple[Request, int]]) -> tuple[list[int], list[tuple[int, int, list[int]]], list[int]]:

@@ -10,8 +10,9 @@ blocks, preemption); a policy only answers its questions:
                           each request's attained service in on_step, once per step, with the
                           chunks the engine is about to run
 
-FCFS answers "never" to displacement and keeps no state, so a scheduler built on this seam
-schedules exactly as it did before the seam existed. `Priority` is vLLM's priority policy.
+FCFS answers "never" to displacement and keeps no state: scheduler.py's `Scheduler` is all it
+needs. A policy that displaces (`displaces = True`: `Priority`, vLLM's priority policy; final/'s
+MLFQ) runs on priority_scheduler.py's `PriorityScheduler`, which the engine picks for it.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:  # only for type names: the scheduler imports this module
 
 
 class SchedulingPolicy(ABC):
-    displaces = False  # True when may_displace can ever say yes (the scheduler skips the check otherwise)
+    displaces = False  # True when may_displace can ever say yes (then it runs on PriorityScheduler)
 
     @abstractmethod
     def priority(self, request: Request) -> tuple:

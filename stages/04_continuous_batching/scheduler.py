@@ -5,28 +5,22 @@ whole prompt at first, one token per step while decoding, everything again after
 preemption). One rule covers prefill, chunked prefill and decode (the way vLLM's v1 scheduler
 and Sarathi-Serve think of it): hand out a token budget per step,
 
-  1. to running requests first, in priority order: decodes take 1 token, an unfinished
+  1. to running requests first, in the policy's order: decodes take 1 token, an unfinished
      prefill takes what is left of the budget (a *chunk*), so a long prompt never stalls the
      decodes of everyone else;
-  2. then to waiting requests, in priority order, while the budget, the sequence limit and
-     the free blocks allow.
+  2. then to waiting requests, in the policy's order, while the budget, the sequence limit and
+     the free blocks allow. Nobody overtakes: when the head of the queue does not fit, it waits.
 
-When a running request needs a block and none is free, the lowest-priority running request is
+When a running request needs a block and none is free, the lowest-ranked running request is
 *preempted*: its blocks are freed and it goes back to the queue, to be recomputed later
 (prefix caching usually makes that cheap: its full blocks are still cached).
 
-Which request ranks first, and whether a waiting request may push a running one out, is the
-policy's to say (policy.py). With FCFS nobody is ever pushed out. A policy that displaces
-(priorities, final/'s MLFQ) gets step 0 before the two above:
-
-  0. while the best waiting request outranks the lowest running one, it takes that one's
-     place: the displaced request is *paused* when only its seat was needed (it keeps its
-     blocks and resumes without recompute), and the lowest-ranked residents are preempted
-     when memory is short (paused ones count: they hold blocks and run nothing).
+This is first come, first served (policy.py's FCFS), or any policy that only reorders. A policy
+that lets a waiting request push a running one out (priorities, final/'s MLFQ) runs on
+`PriorityScheduler` (priority_scheduler.py), which adds that step before these two.
 """
 from __future__ import annotations
 
-from bisect import insort
 from dataclasses import dataclass, field
 
 from course.s03_paged.block_manager import BlockManager
@@ -46,6 +40,9 @@ class SchedulerOutput:
 
 
 class Scheduler:
+    displaces = False  # PriorityScheduler: a waiting request may take a running one's place
+    num_pauses = 0     # requests that gave their seat up (PriorityScheduler's; never here)
+
     def __init__(self, blocks: BlockManager, max_num_seqs: int = 64, max_num_batched_tokens: int = 512,
                  enable_chunked_prefill: bool = True, policy: SchedulingPolicy | None = None):
         self.blocks = blocks
@@ -53,10 +50,12 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.enable_chunked_prefill = enable_chunked_prefill
         self.policy = policy or FCFS()
+        if self.policy.displaces and not self.displaces:
+            raise ValueError(f"the {type(self.policy).__name__} policy displaces running requests: "
+                             "schedule it with PriorityScheduler (priority_scheduler.py)")
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
-        self.num_pauses = 0
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -65,10 +64,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out, budget = SchedulerOutput(), self.max_num_batched_tokens
         self.running.sort(key=self.policy.priority)
-        if self.policy.displaces:
-            self._displace(out)
-        displaced = len(out.preempted)
-        for req in list(self.running):
+        for req in list(self.running):  # 1. the running requests
             if budget == 0 or req not in self.running:  # out of budget, or preempted just now
                 continue
             n = self._tokens_for(req, budget)
@@ -77,28 +73,10 @@ class Scheduler:
             if self._make_room(req, req.num_computed_tokens + n, out):
                 out.chunks.append((req, n))
                 budget -= n
-        if len(out.preempted) == displaced:  # under memory pressure, admit no one new this step
+        if not out.preempted:  # 2. the waiting ones, unless memory ran short: then no one new this step
             self._admit(out, budget)
         self.policy.on_step(out)
         return out
-
-    def _displace(self, out: SchedulerOutput) -> None:
-        """Step 0 (displacing policies only): while the best waiting request outranks the lowest
-        running one, it takes that one's seat (pausing it) and, if memory is short, blocks from
-        residents it outranks. It joins the running set in rank order, before the budget is
-        handed out, so a low-ranked long prefill cannot keep it waiting for budget either."""
-        self.waiting.sort(key=self.policy.priority)
-        while self.waiting and self.running and self.policy.may_displace(self.waiting[0], self.running[-1]):
-            head = self.waiting[0]
-            if len(self.running) >= self.max_num_seqs:
-                self.pause(self.running[-1])  # appended to the queue: head stays first
-            if not self._is_resident(head) and not self._reclaim(head, out, from_running=True):
-                return
-            self.waiting.pop(0)
-            if not self._is_resident(head):
-                head.num_computed_tokens = self.blocks.allocate(head.request_id, head.all_ids)
-            head.status = Status.RUNNING
-            insort(self.running, head, key=self.policy.priority)
 
     def _tokens_for(self, req: Request, budget: int) -> int:
         need = req.num_uncomputed
@@ -124,14 +102,14 @@ class Scheduler:
         self.waiting.sort(key=self.policy.priority)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            resident = self._is_resident(req)  # paused: its blocks are still there
+            resident = self._is_resident(req)  # it holds its blocks already (paused, or its K/V were sent)
             if not resident and not self._fits(req, out):
                 break  # no overtaking; the head waits until blocks free up
             if not resident:
                 req.num_computed_tokens = self.blocks.allocate(req.request_id, req.all_ids)
             n = self._tokens_for(req, budget)
             if n == 0 or (resident and not self._fits(req, out, n)):  # not in this step's budget (chunking
-                if not resident:                                       # off), or no block for a paused one
+                if not resident:                                       # off), or no block for its next tokens
                     self.blocks.free(req.request_id)
                     req.num_computed_tokens = 0
                 break
@@ -144,24 +122,9 @@ class Scheduler:
             budget -= n
 
     def _fits(self, req: Request, out: SchedulerOutput, n: int = 0) -> bool:
-        """Is there memory for `req` (its prompt; n more tokens if it is paused)? A displacing
-        policy may free some from paused requests ranked below it."""
-        return self._room(req, n) or (self.policy.displaces and self._reclaim(req, out, False, n))
-
-    def _reclaim(self, head: Request, out: SchedulerOutput, from_running: bool, n: int = 0) -> bool:
-        """Preempt residents `head` outranks until it fits: paused ones (they hold blocks and run
-        nothing) and, at step 0, running ones the policy lets it displace. True when it fits."""
-        rank = self.policy.priority(head)
-        while not self._room(head, n):
-            paused = [r for r in self._paused() if self.policy.priority(r) > rank]
-            running = self.running if from_running and self.running and \
-                self.policy.may_preempt(head, self.running[-1]) else []
-            if not paused and not running:
-                return False
-            victim = self.policy.choose_victim(running, paused)
-            self.preempt(victim)
-            out.preempted.append(victim)
-        return True
+        """May `req` be admitted: is there memory for its prompt, or for n more tokens if it holds
+        blocks already? (PriorityScheduler may also free some for it.)"""
+        return self._room(req, n)
 
     def _room(self, req: Request, n: int) -> bool:
         if not self._is_resident(req):
@@ -173,6 +136,8 @@ class Scheduler:
         return req.request_id in self.blocks.tables
 
     def _paused(self) -> list[Request]:
+        """Waiting requests that hold blocks and run nothing: paused ones (PriorityScheduler), or
+        stage 07's, whose K/V came from another worker. A policy may pick them as victims."""
         return [r for r in self.waiting if r.status is Status.PAUSED]
 
     def preempt(self, req: Request) -> None:
@@ -185,14 +150,6 @@ class Scheduler:
         req.status = Status.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
-
-    def pause(self, req: Request) -> None:
-        """Take a running request out of the running set but leave it its blocks: it gave its
-        seat to a request the policy ranks higher, and resumes where it stopped."""
-        self.running.remove(req)
-        req.status = Status.PAUSED
-        self.num_pauses += 1
-        self.waiting.append(req)
 
     def finish(self, req: Request) -> None:
         """Remove a finished or aborted request wherever it is and free its blocks at once."""

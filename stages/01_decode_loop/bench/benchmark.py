@@ -18,6 +18,13 @@ from ..sampling import SamplingParams
 from ..weights import load_model
 
 PROMPT = "Write a short story about a robot who learns to paint."
+SHORT = {"ours: naive loop (no cache)": "naive", "transformers generate, use_cache=False": "hf-no-cache",
+         "transformers generate, KV cache": "hf-cache"}
+
+
+def row_name(row: dict) -> str:
+    """A row's name in the results, from its own fields: `naive/128` (system / new tokens)."""
+    return f"{SHORT[row['system']]}/{row['new_tokens']}"
 
 
 def run(new_tokens: list[int], repeats: int = 1) -> list[dict]:
@@ -47,8 +54,9 @@ def run(new_tokens: list[int], repeats: int = 1) -> list[dict]:
         for name, fn in systems.items():
             best = best_of(fn, n, repeats=repeats, warmup=0)
             base = base or best
-            rows.append({"system": name, "prompt_tokens": len(ids), "new_tokens": n, "seconds": best,
-                         "tokens_per_s": n / best, "speed_vs_naive": base / best})
+            row = {"system": name, "prompt_tokens": len(ids), "new_tokens": n, "seconds": best,
+                   "tokens_per_s": n / best, "speed_vs_naive": base / best}
+            rows.append({"name": row_name(row), **row})
     return rows
 
 

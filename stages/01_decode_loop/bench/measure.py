@@ -6,8 +6,8 @@ command line (`--json PATH`, `--results`), times with warm-up excluded, names th
 writes results as JSON stamped with the machine and the command that made them, so a README's
 figure can point at the file it came from (`tests/test_docs.py` checks that it does).
 
-    python -m course.sNN_name.benchmark --results      # writes stages/NN_name/results/benchmark.json
-    python -m course.sNN_name.benchmark --json out.json
+    python -m course.sNN_name.bench.benchmark --results   # writes stages/NN_name/results/benchmark.json
+    python -m course.sNN_name.bench.benchmark --json out.json
 """
 from __future__ import annotations
 
@@ -78,6 +78,12 @@ def median_of(fn: Callable, *args, repeats: int = 5, warmup: int = 1, device=Non
     for _ in range(warmup):
         fn(*args, **kwargs)
     return statistics.median(timed(fn, *args, device=device, **kwargs) for _ in range(repeats))
+
+
+def per_token_seconds(token_times: list[float]) -> list[float]:
+    """What each token took, from a GenerationOutput's `token_times_s` (each token's time since
+    the request started): token 0's is the time to the first token."""
+    return [b - a for a, b in zip([0.0] + token_times[:-1], token_times)]
 
 
 def percentile(values, q: float) -> float | None:

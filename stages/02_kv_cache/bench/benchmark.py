@@ -14,7 +14,7 @@ import argparse
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt, generate_naive
-from course.s01_decode_loop.bench.measure import bench_cli, timed
+from course.s01_decode_loop.bench.measure import bench_cli, per_token_seconds, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
 
@@ -23,8 +23,9 @@ from ..generate import generate_cached
 PROMPT = "Write a short story about a robot who learns to paint."
 
 
-def per_token_seconds(token_times: list[float]) -> list[float]:
-    return [b - a for a, b in zip([0.0] + token_times[:-1], token_times)]
+def row_name(row: dict) -> str:
+    """A row's name in the results, from its own fields: `new=512` (the tokens generated)."""
+    return f"new={row['new_tokens']}"
 
 
 def run(new_tokens: list[int]) -> dict:
@@ -50,7 +51,7 @@ def run(new_tokens: list[int]) -> dict:
         assert naive.token_ids == cached.token_ids, "the cache changed the output"
         hf_s = hf_generate(params)
         n_total, c_total = naive.token_times_s[-1], cached.token_times_s[-1]
-        rows.append({"new_tokens": n, "prompt_tokens": len(ids),
+        rows.append({"name": row_name({"new_tokens": n}), "new_tokens": n, "prompt_tokens": len(ids),
                      "naive_s": n_total, "cached_s": c_total, "speedup": n_total / c_total,
                      "naive_ttft_ms": naive.ttft_s * 1e3, "cached_ttft_ms": cached.ttft_s * 1e3,
                      "naive_tpot_ms": naive.tpot_s * 1e3, "cached_tpot_ms": cached.tpot_s * 1e3,

@@ -28,11 +28,17 @@ QUESTIONS = ["What is this text about?", "Summarize it in one sentence.", "Who i
              "Give it a title.", "What is the tone?"]
 
 
+def row_name(row: dict) -> str:
+    """A memory row's name in the results, from its own fields: `budget=16384` (KV tokens)."""
+    return f"budget={row['budget_tokens']}"
+
+
 def memory_report(tokenizer, n_requests: int, budgets: list[int], block_size: int = 16,
                   max_new_tokens: int = 1024) -> dict:
     requests = sample_requests(tokenizer, n_requests, seed=0)
     lengths = [(len(tokenizer.encode(r.prompt, add_special_tokens=False)), r.output_len) for r in requests]
-    rows = [{"budget_tokens": b, **simulate(lengths, b, block_size, max_new_tokens)} for b in budgets]
+    rows = [{"name": row_name({"budget_tokens": b}), "budget_tokens": b,
+             **simulate(lengths, b, block_size, max_new_tokens)} for b in budgets]
     return {"requests": n_requests, "block_size": block_size, "max_new_tokens": max_new_tokens,
             "mean_prompt": statistics.mean(p for p, _ in lengths),
             "mean_output": statistics.mean(o for _, o in lengths), "rows": rows}

@@ -20,9 +20,12 @@ def prompt_of(n: int, seed: int = 0) -> list[int]:
     return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+# what the paged gather depends on: the K/V heads (GQA, MQA with odd heads) and their width
+# (Qwen3: head_dim x heads wider than the hidden size); the other tiny configs change nothing here
+@pytest.mark.parametrize("name", ["gqa_tied", "mqa_odd_heads", "qwen3"])
 @pytest.mark.parametrize("length", [1, 5, 16, 17, 32, 33])  # block-size multiples and one more
-def test_paged_greedy_equals_contiguous_cache(tiny, byte_tok, length):
-    _, model = tiny
+def test_paged_greedy_equals_contiguous_cache(name, byte_tok, length):
+    model = tiny_model(name)
     gen = PagedGenerator(model, num_blocks=16, block_size=16)
     ids = prompt_of(length)
     paged = run_to_end(gen, model, byte_tok, ids, GREEDY)

@@ -44,6 +44,11 @@ def time_side_by_side(per_row, batched, reps: int, device: torch.device) -> tupl
             statistics.median(a / b for a, b in pairs))
 
 
+def row_name(row: dict) -> str:
+    """A row's name in the results, from its own fields: `threads=2/batch=32`."""
+    return f"threads={row['threads']}/batch={row['batch']}"
+
+
 def run(batches: list[int], vocab: int, reps: int, device: str, threads: list[int]) -> dict:
     device = torch.device(device)
     tok = byte_tokenizer()  # the sequences are never detokenized here; any tokenizer will do
@@ -56,8 +61,8 @@ def run(batches: list[int], vocab: int, reps: int, device: str, threads: list[in
         per_row, batched, ratio = time_side_by_side(
             lambda: [seq.sample(logits[i]) for i, seq in enumerate(seqs)], lambda: sample_batch(logits, seqs),
             reps, device)
-        rows.append({"threads": n_threads, "batch": batch, "per_row_ms": per_row * 1e3,
-                     "batched_ms": batched * 1e3, "speedup": ratio})
+        rows.append({"name": row_name({"threads": n_threads, "batch": batch}), "threads": n_threads, "batch": batch,
+                     "per_row_ms": per_row * 1e3, "batched_ms": batched * 1e3, "speedup": ratio})
     return {"device": str(device), "vocab": vocab, "reps": reps, "rows": rows}
 
 

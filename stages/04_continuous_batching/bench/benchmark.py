@@ -86,6 +86,11 @@ def gemm_flops(reps: int = 20) -> float:
     return 2 * 1024 ** 3 * reps / timed(lambda: [a @ b for _ in range(reps)])
 
 
+def row_name(row: dict) -> str:
+    """A row's name in the results, from its own fields: `continuous+chunk/rate=inf` (system / arrival rate)."""
+    return f"{row['system'].replace(' ', '-')}/rate={row['rate']:g}"
+
+
 def summarize(name: str, rate: float, metrics: list[dict], wall: float) -> dict:
     def pct(key, q):
         return percentile([m[key] for m in metrics if m[key] is not None], q)
@@ -124,6 +129,7 @@ def run(n_requests: int, rates: list[float], max_output: int, budget: int) -> di
         t = time.perf_counter()
         metrics = serve_hf(hf, tok.pad_token_id if tok.pad_token_id is not None else 0, work, arrivals)
         rows.append(summarize("hf generate", rate, metrics, time.perf_counter() - t))
+    rows = [{"name": row_name(row), **row} for row in rows]
     flops = gemm_flops()
     params = sum(p.numel() for p in model.parameters())
     return {"requests": n_requests, "mean_prompt": statistics.mean(len(p) for p, _ in work),

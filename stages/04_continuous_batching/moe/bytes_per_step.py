@@ -56,6 +56,11 @@ def distinct_experts(m: dict, batch: int, trials: int, g: torch.Generator) -> fl
     return total / trials
 
 
+def row_name(row: dict) -> str:
+    """A row's name in the results, from its own fields: `batch=64` (tokens in the step)."""
+    return f"batch={row['batch']}"
+
+
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     p.add_argument("--trials", type=int, default=20, help="routings averaged per batch size")
@@ -71,7 +76,7 @@ def run(args) -> dict:
         for b in args.batches:
             touched = distinct_experts(m, b, args.trials, g)
             moe = shared + m["layers"] * touched * expert
-            rows.append({"batch": b, "distinct_experts": touched,
+            rows.append({"name": row_name({"batch": b}), "batch": b, "distinct_experts": touched,
                          "expected_uniform": m["experts"] * (1 - (1 - m["top_k"] / m["experts"]) ** b),
                          "moe_GB": moe / 1e9, "dense_GB": total / 1e9, "moe_fraction": moe / total,
                          "moe_GB_per_token": moe / 1e9 / b})

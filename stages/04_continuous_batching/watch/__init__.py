@@ -11,7 +11,8 @@
 
 It needs only this stage's engine: the final server's /dashboard draws these snapshots, stage
 07's workers serve them per worker, and a notebook can build one between two steps.
-Read in this order: snapshot.py, step_clock.py, engine_watch.py, routes.py.
+Read in this order: snapshot.py, step_clock.py, engine_watch.py, routes.py. Beside them,
+recorder.py's StepRecorder keeps the pool's state after every step of a run (the notebook's pictures).
 """
 from .engine_watch import EngineWatch, TooManyWatchersError, may_join, read_snapshots, snapshot_events
 from .snapshot import build_snapshot

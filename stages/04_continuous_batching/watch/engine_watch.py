@@ -78,13 +78,9 @@ class EngineWatch:
     def turn(self, engine, refusals: int = 0) -> None:
         """Called by the engine thread after every loop turn (see the module doc)."""
         if not self._watchers:
-            if self._clock is not None:
-                self._clock.remove()
-                self._clock = None
+            self.detach()
             return
-        if self._clock is None:
-            self.window = StepWindow()
-            self._clock = StepClock(engine, self.window).install()
+        self.attach(engine)
         now = time.monotonic()
         if now < self._due:
             return
@@ -97,6 +93,19 @@ class EngineWatch:
                 watcher.offer(data)
             except RuntimeError:  # its event loop is closed: the page is gone
                 self.unsubscribe(watcher)
+
+    def attach(self, engine) -> None:
+        """Time the engine's steps from now on, for the snapshots to come (what `turn` does when
+        a page opens; a notebook that builds its own snapshots calls it once)."""
+        if self._clock is None:
+            self.window = StepWindow()
+            self._clock = StepClock(engine, self.window).install()
+
+    def detach(self) -> None:
+        """Stop timing: the engine's own methods again, nothing paid per step."""
+        if self._clock is not None:
+            self._clock.remove()
+            self._clock = None
 
     def build_json(self, engine, refusals: int = 0) -> str:
         """One snapshot, encoded; the window starts again (engine thread)."""

@@ -7,14 +7,14 @@
 
 A snapshot reads only the engine's public state: the block manager's tables (request id ->
 its block ids, in order) and free lists, the scheduler's queues, and the step log's chunks and
-preemptions. Nothing in the engine changes; the notebook draws these (the pool stacked by
+preemptions. Nothing in the engine changes; bench/plots.py draws these (the pool stacked by
 request, the pool's blocks over time coloured by owner, a preemption and its blocks coming back).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .engine import LLMEngine
+from ..engine import LLMEngine
 
 # owner codes in `pool_owners`: an empty block; a free block that keeps a cached prefix; a block
 # in several tables at once (a shared prefix, e.g. the chat template's system prompt)

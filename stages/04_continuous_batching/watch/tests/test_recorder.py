@@ -6,7 +6,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
 from course.s03_paged.engine import PagedGenerator
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
-from course.s04_continuous_batching.trace import CACHED, FREE, SHARED, StepRecorder
+from course.s04_continuous_batching.watch.recorder import CACHED, FREE, SHARED, StepRecorder
 
 PROMPT_LENS = [3, 70, 17, 41, 1, 33]
 OUTPUT_LENS = [30, 4, 22, 9, 15, 1]
@@ -23,7 +23,7 @@ def recorded_run(model, tok, num_blocks, prefix_caching=True, shared_prefix=()):
     return engine, recorder.run(), prompts, params, ids
 
 
-def test_trace_pool_accounting_holds_at_every_step(byte_tok):
+def test_recorder_pool_accounting_holds_at_every_step(byte_tok):
     model = tiny_model("gqa_tied")
     for caching in (False, True):  # with caching, every prompt starts with the same two blocks
         engine, snaps, *_ = recorded_run(model, byte_tok, num_blocks=24, prefix_caching=caching,
@@ -44,7 +44,7 @@ def test_trace_pool_accounting_holds_at_every_step(byte_tok):
         assert any(SHARED in s.pool_owners() for s in snaps) == caching
 
 
-def test_trace_preempted_request_frees_its_blocks_that_step_and_resumes_unchanged(byte_tok):
+def test_recorder_preempted_request_frees_its_blocks_that_step_and_resumes_unchanged(byte_tok):
     model = tiny_model("mqa_odd_heads")
     engine, snaps, prompts, params, ids = recorded_run(model, byte_tok, num_blocks=20)
     preemptions = [(s, rid) for s in snaps for rid in s.preempted]
