@@ -1,9 +1,7 @@
-"""Stage 06: Triton kernels that read the paged KV cache directly, fused small kernels, and
-CUDA graphs around the decode step, behind stage 01's attention seam.
+"""Stage 06: Triton kernels on the paged KV cache, fused small kernels, CUDA graphs.
 
-Without CUDA, Triton can only run through its interpreter, and the interpreter must be
-switched on before any kernel is decorated, so this package does it first, for every module
-below it. On a GPU machine nothing changes.
+Without CUDA, Triton runs only through its interpreter, which must be switched on before any
+kernel is decorated: this package does it first, for every module below it.
 """
 import os
 

@@ -11,11 +11,8 @@ write (`rotary_forward`), whole decoder layers (`layer_kernels`) and an MoE expe
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable
-
-import torch
 
 from course.s01_decode_loop.attention import AttentionBackend
 from course.s03_paged.paged_attention import PagedAttentionMetadata, PagedKVCache
@@ -28,31 +25,16 @@ class KernelMetadata(PagedAttentionMetadata):
     max_query_len: int = 1   # host int: the longest new-token run (the prefill kernel's grid)
     is_decode: bool = False  # every sequence brings exactly one token
     num_splits: int = 1      # split-K partitions of the decode kernel (1 = single pass)
-    plan: object = None      # the backend's own plan of an eager step (the torch backend's: a StepPlan)
+    plan: object = None      # a backend's own plan of an eager step, from `host_lens` (the cpu room's)
     graphed: bool = False    # built for a captured step: padded shapes, nothing read back to the host
-
-
-class LayerKernels(ABC):
-    """Whole decoder layers in one call each, offered by a backend (the CPU room's C layers): the
-    fused model takes them once (`follow`) and asks every step; None: its layers op by op."""
-
-    @abstractmethod
-    def step(self, attn, x, cos, sin, meta) -> Callable | None:
-        """This step's `run(layer, x, residual) -> (x, residual)`, or None: run it op by op."""
-
-    @abstractmethod
-    def logits(self, hidden) -> torch.Tensor | None:
-        """The lm_head's product of `hidden`, or None: the model's own lm_head."""
 
 
 class KernelBackend(AttentionBackend):
     name = "?"
     step_graphed = False        # the step being built is captured (build_metadata's `graphed`)
     fused_ops = TorchOps        # who does the fused model's small ops beside this backend (fused_model.py)
-    rotary_in_kv_write = False  # True: `rotary_forward` rotates q and k in the KV write's launch
-    # MoE experts for captured steps, whose shapes must not depend on the routing; a room
-    # offers them (`register_captured_experts`: the gpu room's blocked layout)
-    captured_experts: Callable | None = None
+    rotary_in_kv_write = False  # True: it offers `rotary_forward`, `forward` with RoPE in the KV write's launch
+    captured_experts: Callable | None = None  # MoE experts of captured steps: a room's (gpu/)
 
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
@@ -75,22 +57,18 @@ class KernelBackend(AttentionBackend):
     @property
     def experts_kernel(self) -> Callable | None:
         """MoE layers' experts (stage 01's signature). Eager: None, the model's own (rows grouped
-        by expert, one product each). Captured: the registered routing-independent kernel."""
-        if self.step_graphed and self.captured_experts is None:
-            raise ValueError("a captured MoE step needs the gpu room's experts: course.s06_kernels_graphs.gpu.register()")
+        by expert, one product each, shapes that depend on the routing). Captured: the registered one."""
         return self.captured_experts if self.step_graphed else None
 
-    def layer_kernels(self, model) -> LayerKernels | None:
-        """Kernels that run each whole decoder layer of `model` in one call, or None (the
-        default): the model calls its ops, and this backend's `forward` for attention."""
+    def layer_kernels(self, model):
+        """Whole decoder layers of `model` in one call each (the cpu room's C layers), asked once
+        (`follow`); None (the default): the model calls its ops, and `forward` for attention.
+        Every step the model asks them `step(attn, x, cos, sin, meta)` for that step's
+        `run(layer, x, residual) -> (x, residual)`, and `logits(hidden)` for the lm_head's
+        product; a None answer: its own ops, its own lm_head."""
         return None
-
-    def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
-        """`forward` for q and k not yet rotated: RoPE (cos, sin [T, D/2]) done in place in the
-        KV write's launch. Offered where `rotary_in_kv_write`; the fused model asks once (follow)."""
-        raise NotImplementedError(f"the {self.name} backend has no RoPE in its KV write")
 
 
 def register_captured_experts(kernel: Callable) -> None:
-    """A room's MoE experts for captured steps: `kernel(experts, x, weights, ids)`, sync-free."""
+    """A room's sync-free MoE experts of captured steps (experts, x, weights, ids): routing-free shapes."""
     KernelBackend.captured_experts = staticmethod(kernel)

@@ -12,15 +12,14 @@ import torch
 
 from course.s04_continuous_batching.cli import run_cli
 
-from . import cpu, gpu, overlap
+from . import cpu, gpu, mixed_graphs, overlap
 from .engine import BACKENDS, KernelEngineConfig, LLMEngine
 from .triton_backend import KERNEL_SETS
 
 
 def register_rooms() -> None:
-    """cpu/: the "cpu" backend and its options; gpu/: the "gpu" kernel set and the captured MoE
-    experts; overlap/: the `overlap` option."""
-    for room in (cpu, gpu, overlap):
+    """Each room's `register()` (cpu/, gpu/, mixed_graphs/, overlap/) says what it plugs in."""
+    for room in (cpu, gpu, mixed_graphs, overlap):
         room.register()
 
 

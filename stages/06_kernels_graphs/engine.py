@@ -1,14 +1,11 @@
-"""Stage 04's engine with stage 06's runner: the attention backend is picked by name in the
-config, and steps can replay captured graphs.
+"""Stage 04's engine with stage 06's runner: the attention backend picked by name, graphs replayed.
 
     schedule -> ModelRunner.run (persistent buffers, backend metadata, graph or eager) -> postprocess
 
 Scheduling, the block manager and sampling are stage 04's: only `_run` changes. The pool gets
 one block more than the block manager hands out, the dummy block graph padding rows write to.
-
-Rooms plug in by name: a backend (`register_backend`), and an `Extension` for the options of the
-config marked as theirs (`register_extension`), which may change the model's linears
-(`prepare_module`: the CPU room's) or run the step its own way (`step`: the overlap room's).
+Rooms plug in by name: a backend (`register_backend`), and an `Extension` for the config
+options marked as theirs (`register_extension`; its hooks name the room that uses each).
 """
 from __future__ import annotations
 
@@ -55,14 +52,12 @@ class KernelEngineConfig(EngineConfig):
     cuda_graphs: bool = False            # replay steps from captured graphs (CPU: the eager stand-in)
     graph_max_batch: int | None = None   # largest captured bucket (default: max_num_seqs)
     graph_max_seq_len: int = 2048        # steps with a longer sequence run eagerly
-    graph_max_num_tokens: int = 512      # largest token bucket of captured mixed steps (prefill chunks,
-                                         # verifications); 0: capture decode steps only
     num_splits: int | None = None        # Triton decode split-K partitions (None: chosen per step)
     triton_kernels: str = "lesson"       # the Triton backend's kernel set: "lesson", or a room's ("gpu")
     fused: bool = False                  # merged QKV/gate-up weights, fused add+RMSNorm and RoPE (fused_model.py)
     # options the rooms read (python -m course.s06_kernels_graphs registers every room)
-    overlap: bool = room_option(False, "overlap")         # launch a steady decode step before reading the
-                                                          # last one's tokens
+    overlap: bool = room_option(False, "overlap")         # launch a decode step before reading the last's tokens
+    graph_max_num_tokens: int = room_option(512, "mixed_graphs")  # graphs for steps of up to this many tokens
     linear_splits: int = room_option(1, "cpu")            # each fused linear as a bmm over this many row blocks
     quantization: str | None = room_option(None, "cpu")   # "int8": int8 weight-only fused linears
     one_call_layers: bool = room_option(True, "cpu")      # cpu backend: each layer of a step in one C call
@@ -71,10 +66,13 @@ class KernelEngineConfig(EngineConfig):
 class Extension:
     """What a room adds to the engine while its options are set; each default changes nothing."""
 
-    def prepare_module(self, module: nn.Module) -> nn.Module:  # a model the engine runs: its linears
+    def prepare_module(self, module: nn.Module) -> nn.Module:  # a model the engine runs: its linears (cpu/)
         return module
 
-    def step(self) -> list[StepOutput] | None:  # one engine step this room's way; None: the engine's
+    def graph_runner(self, model, backend, **shape) -> GraphRunner | None:  # more kinds of step (mixed_graphs/)
+        return None
+
+    def step(self) -> list[StepOutput] | None:  # one engine step this room's way (overlap/); None: the engine's
         return None
 
     def in_flight(self) -> bool:  # work launched whose results the engine has not read yet
@@ -104,10 +102,11 @@ class LLMEngine(BatchingEngine):
         if config.fused:  # the backend's ops, and its whole-layer kernels where it offers them
             model.follow(self.attn)
         dummy, graphs = config.num_blocks, None
-        if config.cuda_graphs:
-            graphs = GraphRunner(model, self.attn, max_batch=config.graph_max_batch or config.max_num_seqs,
-                                 max_seq_len=min(config.graph_max_seq_len, self.max_model_len), dummy_block=dummy,
-                                 max_num_tokens=min(config.graph_max_num_tokens, config.max_num_batched_tokens))
+        if config.cuda_graphs:  # the lesson's decode graphs, or a room's runner that captures more kinds of step
+            shape = dict(max_batch=config.graph_max_batch or config.max_num_seqs, dummy_block=dummy,
+                         max_seq_len=min(config.graph_max_seq_len, self.max_model_len))
+            rooms = [g for e in self.extensions.values() if (g := e.graph_runner(model, self.attn, **shape))]
+            graphs = rooms[0] if rooms else GraphRunner(model, self.attn, **shape)
         self.runner = ModelRunner(model, self.attn, max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
                                   max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
@@ -132,13 +131,12 @@ class LLMEngine(BatchingEngine):
 
     @torch.no_grad()
     def warm_up(self) -> int:
-        """Capture every graph bucket now, before any request: otherwise the first step of each
-        kind captures them (and, on CUDA, compiles the Triton kernels) while a request waits.
-        Returns how many buckets are held (0 without graphs)."""
+        """Capture every graph bucket now, not while the first request waits (on CUDA the captures
+        compile the Triton kernels too). Returns how many graphs are held (0 without graphs)."""
         graphs = self.runner.graphs
         if graphs is not None and not graphs.graphs:
             graphs.capture_all()
-        return len(graphs.graphs) + len(graphs.mixed_graphs) if graphs else 0
+        return graphs.held() if graphs else 0
 
     def step(self):
         for extension in self.extensions.values():
@@ -150,8 +148,7 @@ class LLMEngine(BatchingEngine):
         return super().has_unfinished() or any(e.in_flight() for e in self.extensions.values())
 
     def overlap_allowed(self) -> bool:
-        """May a step be launched before the previous one's tokens are read? (An engine that
-        drafts from those tokens says no.)"""
+        """May a step launch before the last one's tokens are read? (Not where drafts come from them.)"""
         return True
 
     def _run(self, chunks, feed: Feed | None = None):

@@ -1,21 +1,18 @@
 """Stage 01's transformer with fewer, bigger kernels: same weights, same math, fewer launches.
 
-What changes, per layer (the unfused count in brackets):
+What changes, per layer (the unfused count in brackets; each kernel's file counts its bytes):
 
 * q, k and v projections are one matmul on weights concatenated at load time [3 matmuls];
-  gate and up likewise [2]. Same FLOPs, one pass over the activations instead of three/two,
-  and on a GPU fewer launches (which is what a small model's decode step is made of).
-* the residual add and the next RMSNorm are one kernel: read x and the residual once, write
-  the sum and the normed sum [add, pow, mean, add, rsqrt, mul, cast, mul: ~8 launches, each
-  reading and writing the whole row].
-* RoPE rotates q and k in place, in one launch [~10 elementwise ops and their temporaries];
-  beside a backend that offers it (`rotary_in_kv_write`: Triton's), in the KV write's launch.
-* silu(gate) * up is one kernel [silu, mul, and a temporary between them].
-* Qwen3's q/k norm is the same RMSNorm kernel over rows of one head each, before RoPE.
+  gate and up likewise [2]. Same FLOPs, one pass over the activations instead of three/two.
+* the residual add and the next RMSNorm are one kernel [~8 launches] (fused_norm.py); Qwen3's
+  q/k norm is the same kernel over rows of one head each, before RoPE.
+* RoPE rotates q and k in place in one launch [~10] (rotary.py), or inside the KV write's launch
+  beside a backend that offers it (`rotary_in_kv_write`: the gpu kernel set's).
+* silu(gate) * up is one kernel [2, and a temporary between them] (silu_mul.py).
 
-`ops` does the fused work: `TorchOps` (PyTorch, the reference), `TritonOps` (fused_norm.py,
-rotary.py, silu_mul.py) or a room's. The engine hands the model its backend once (`follow`):
-the model takes its ops, and its whole-layer kernels where it offers them.
+`ops` does the fused work: `TorchOps` (PyTorch, the reference), the Triton backend's `TritonOps`
+or a room's. The engine hands the model its backend once (`follow`): the model takes its ops, and its whole-layer
+kernels where it offers them.
 """
 from __future__ import annotations
 
@@ -29,7 +26,7 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.rope import apply_rope
 
 if TYPE_CHECKING:
-    from .backend_base import KernelBackend, LayerKernels
+    from .backend_base import KernelBackend
 
 
 class TorchOps:
@@ -52,28 +49,6 @@ class TorchOps:
     def silu_mul(gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
-
-
-class TritonOps:
-    @staticmethod
-    def rms_norm(x, weight, eps):
-        from .fused_norm import rms_norm
-        return rms_norm(x, weight, eps)
-
-    @staticmethod
-    def add_rms_norm(x, residual, weight, eps):
-        from .fused_norm import fused_add_rms_norm
-        return fused_add_rms_norm(x, residual, weight, eps)
-
-    @staticmethod
-    def rotary_(q, k, cos, sin):
-        from .rotary import apply_rotary_
-        apply_rotary_(q, k, cos, sin)
-
-    @staticmethod
-    def silu_mul(gate_up):
-        from .silu_mul import silu_mul
-        return silu_mul(gate_up)
 
 
 def merged_linear(*parts: nn.Linear) -> nn.Linear:
@@ -138,7 +113,7 @@ class FusedCausalLM(nn.Module):
     def __init__(self, model: CausalLM, ops=TorchOps):
         super().__init__()
         self.config, self.ops = model.config, ops
-        self.layer_kernels: LayerKernels | None = None  # whole layers in one call each, a backend's (follow)
+        self.layer_kernels = None  # whole layers in one call each, a backend's (follow)
         self.rotary_in_attn = False  # the backend rotates q and k in its KV write (follow)
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)

@@ -70,7 +70,7 @@ for name in $PARTS; do
     tests)
         paths=()  # those that exist: one missing path would stop pytest before any test ran
         for p in stages/06_kernels_graphs/tests/test_gpu.py stages/06_kernels_graphs/gpu/tests \
-                 stages/01_decode_loop/tests/test_sampling.py; do [ -e "$p" ] && paths+=("$p"); done
+                 stages/06_kernels_graphs/mixed_graphs/tests stages/01_decode_loop/tests/test_sampling.py; do [ -e "$p" ] && paths+=("$p"); done
         part 90 $PY -m pytest -q -m gpu -p no:cacheprovider -k "not default_model" "${paths[@]}"
         gpu_rc=$?
         part 45 $PY -m pytest -q -p no:cacheprovider stages/06_kernels_graphs/gpu/tests/test_compile_report.py

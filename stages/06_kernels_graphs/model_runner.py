@@ -3,12 +3,9 @@
 Stage 04 built fresh tensors for every step. The runner owns *persistent buffers* sized for the
 largest step (step_inputs.py) and copies each step into them: no allocation per step, and the
 same addresses every step, which is what CUDA graphs need. The attention backend builds the
-step's metadata from those views.
+step's metadata from those views. A step that fits a captured bucket replays a graph instead.
 
     run(token_ids, seqs, sample_rows) -> RunOutput(logits of the sampling rows, hidden states)
-
-Steps that fit a captured bucket replay a graph (graph_runner.py): decode-only steps by batch
-size, mixed steps (prefill chunks, verifications) by token count; the others run eagerly.
 """
 from __future__ import annotations
 
@@ -47,12 +44,9 @@ class ModelRunner:
             feed: Feed | None = None) -> RunOutput:
         """seqs: (num_cached, num_new, block_table) per sequence, as stage 04's engine flattens them.
         feed: rows whose ids are still on the device (`StepBuffers.fill`)."""
-        max_seq_len = max(c + n for c, n, _ in seqs)
-        if self.graphs and all(n == 1 for _, n, _ in seqs) and self.graphs.fits(len(seqs), max_seq_len):
-            hidden, logits = self.graphs.run(token_ids, seqs, feed)  # every decode row samples
-            return RunOutput(logits, hidden, graphed=True)
-        if self.graphs and self.graphs.fits_mixed(len(token_ids), len(seqs), max_seq_len, len(sample_rows)):
-            hidden, logits = self.graphs.run_mixed(token_ids, seqs, sample_rows, feed)
+        replayed = self.graphs.replay(token_ids, seqs, sample_rows, feed) if self.graphs else None
+        if replayed is not None:
+            hidden, logits = replayed
             return RunOutput(logits, hidden, graphed=True)
         ids, meta = self.prepare(token_ids, seqs, feed)
         hidden = self.model(ids, self.backend, meta)

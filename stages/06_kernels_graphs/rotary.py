@@ -1,4 +1,4 @@
-"""RoPE in place, q and k together, in one launch; and the same launch writing K/V to the pool.
+"""RoPE in place, q and k together, in one launch.
 
 Stage 01's apply_rope, per tensor: float(), chunk into halves, four half-size multiplies by
 cos/sin, a subtract and an add, cat, to(dtype), and fused_model copies the result back into the
@@ -8,10 +8,6 @@ and it runs once for q and once for k. Here one program per token loads its cos/
 and rotates every head of q and of k where they lie (strided views of the qkv matmul output):
 each element is read once and written once, 4 bytes in bf16, 1 launch instead of 20. The math
 is fp32, as in apply_rope, so fp32 results match it exactly (up to FMA contraction on a GPU).
-
-apply_rotary_and_write_kv folds kv_write.py's scatter into the same program: the rotated k
-goes from registers to its pool slot too, so a layer launches once for RoPE and the KV write,
-not twice, and reads k once. The Triton backend runs it (triton_backend.py, `rotary_forward`).
 """
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ import triton.language as tl
 @triton.jit
 def _rotate_heads(x_ptr, stride_h, stride_d, cos, sin,
                   HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """Rotate one token's HEADS heads (x_ptr points at its head 0, channel 0) in place."""
+    """Rotate one token's HEADS heads (x_ptr at its head 0, channel 0) in place; returns the halves."""
     h = tl.arange(0, BLOCK_H)[:, None]
     i = tl.arange(0, BLOCK_HALF)[None, :]
     ok = (h < HEADS) & (i < HALF)  # heads and D/2 padded to powers of two, masked back
@@ -30,8 +26,11 @@ def _rotate_heads(x_ptr, stride_h, stride_d, cos, sin,
     second = first + HALF * stride_d  # channels D/2 .. D-1: rotate-half pairs channel i with i + D/2
     x1 = tl.load(first, mask=ok, other=0.).to(tl.float32)  # fp32 at once: 16-bit math is wrong
     x2 = tl.load(second, mask=ok, other=0.).to(tl.float32)  # in the interpreter, and lossy anyway
-    tl.store(first, (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty), mask=ok)
-    tl.store(second, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=ok)
+    r1 = (x1 * cos - x2 * sin).to(x_ptr.dtype.element_ty)
+    r2 = (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty)
+    tl.store(first, r1, mask=ok)
+    tl.store(second, r2, mask=ok)
+    return r1, r2
 
 
 @triton.jit
@@ -63,55 +62,3 @@ def apply_rotary_(q, k, cos, sin) -> None:
                          Q_HEADS=q_heads, K_HEADS=k_heads, HALF=dim // 2,
                          BLOCK_QH=triton.next_power_of_2(q_heads), BLOCK_KH=triton.next_power_of_2(k_heads),
                          BLOCK_HALF=triton.next_power_of_2(dim // 2))
-
-
-@triton.jit
-def _rotary_write_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
-                            stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
-                            stride_vt, stride_vh, stride_vd, stride_ct, stride_cd, stride_st, stride_sd, stride_slot,
-                            Q_HEADS: tl.constexpr, K_HEADS: tl.constexpr, HALF: tl.constexpr,
-                            BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    """_rotary_kernel and kv_write's _write_kv_kernel in one program per token: the rotated k
-    goes from registers to both its place in qkv and its pool slot, v is copied beside it."""
-    t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)
-    cos = tl.load(cos_ptr + t * stride_ct + i * stride_cd, mask=i < HALF, other=0.).to(tl.float32)[None, :]
-    sin = tl.load(sin_ptr + t * stride_st + i * stride_sd, mask=i < HALF, other=0.).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr + t * stride_qt, stride_qh, stride_qd, cos, sin, Q_HEADS, HALF, BLOCK_QH, BLOCK_HALF)
-    h = tl.arange(0, BLOCK_KH)[:, None]
-    c = i[None, :]
-    ok = (h < K_HEADS) & (c < HALF)
-    first = k_ptr + t * stride_kt + h * stride_kh + c * stride_kd
-    x1 = tl.load(first, mask=ok, other=0.).to(tl.float32)
-    x2 = tl.load(first + HALF * stride_kd, mask=ok, other=0.).to(tl.float32)
-    k1 = (x1 * cos - x2 * sin).to(k_ptr.dtype.element_ty)
-    k2 = (x2 * cos + x1 * sin).to(k_ptr.dtype.element_ty)
-    tl.store(first, k1, mask=ok)  # in place too: attention may read this step's k from qkv
-    tl.store(first + HALF * stride_kd, k2, mask=ok)
-    slot = tl.load(slot_ptr + t * stride_slot).to(tl.int64)
-    if slot >= 0:  # a padding row (slot < 0) is rotated but not stored
-        dst = slot * (K_HEADS * 2 * HALF) + h * (2 * HALF) + c  # the pool is contiguous: [slot, head, dim]
-        tl.store(k_cache_ptr + dst, k1, mask=ok)
-        tl.store(k_cache_ptr + dst + HALF, k2, mask=ok)
-        v = v_ptr + t * stride_vt + h * stride_vh + c * stride_vd
-        tl.store(v_cache_ptr + dst, tl.load(v, mask=ok), mask=ok)
-        tl.store(v_cache_ptr + dst + HALF, tl.load(v + HALF * stride_vd, mask=ok), mask=ok)
-
-
-def apply_rotary_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> None:
-    """apply_rotary_(q, k, cos, sin), then kv_write.write_kv(k, v, k_cache, v_cache,
-    slot_mapping), in one launch (grid T): q and k rotated in place, the rotated k and v
-    stored at their slots (< 0: skipped). Same arguments and contracts as those two."""
-    t, q_heads, dim = q.shape
-    k_heads = k.shape[1]
-    assert k.shape == v.shape == (t, k_heads, dim) and dim % 2 == 0 and slot_mapping.shape == (t,)
-    assert cos.shape == (t, dim // 2) and sin.shape == cos.shape
-    assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (k_heads, dim)
-    assert k_cache.is_contiguous() and v_cache.is_contiguous()
-    if t == 0:
-        return
-    _rotary_write_kv_kernel[(t,)](
-        q, k, v, cos, sin, k_cache, v_cache, slot_mapping,
-        *q.stride(), *k.stride(), *v.stride(), *cos.stride(), *sin.stride(), slot_mapping.stride(0),
-        Q_HEADS=q_heads, K_HEADS=k_heads, HALF=dim // 2, BLOCK_QH=triton.next_power_of_2(q_heads),
-        BLOCK_KH=triton.next_power_of_2(k_heads), BLOCK_HALF=triton.next_power_of_2(dim // 2))

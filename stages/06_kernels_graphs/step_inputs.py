@@ -8,10 +8,9 @@ kernels want it flat (nano-vllm's prepare_prefill / prepare_decode). Block size 
     cu_seqlens_q 0 3 4                seq_lens      8 10
     block_tables [7 2 D] [4 1 6]      (width 3, padded with the dummy block D)
 
-A captured step pads its bucket: a padding sequence of a decode bucket is `(0, 1, [])` (one token
-at position 0, its table all dummy blocks), an empty slot of a mixed bucket `(0, 0, [])`, and
-`num_tokens` adds rows of no sequence that write into the dummy block too. `StepBuffers` holds
-the device side, sized for the largest step and refilled in place: the same addresses every step.
+A captured decode step pads its bucket with sequences `(0, 1, [])`: one token at position 0, its
+table all dummy blocks. `StepBuffers` holds the device side, sized for the largest step and
+refilled in place: the same addresses every step.
 """
 from __future__ import annotations
 
@@ -34,9 +33,9 @@ class StepInputs:
 
 
 def step_inputs(seqs: list[tuple[int, int, list[int]]], block_size: int, dummy_block: int,
-                width: int | None = None, num_tokens: int | None = None) -> StepInputs:
+                width: int | None = None) -> StepInputs:
     """seqs: (num_cached, num_new, block_table) per sequence. width: the tables' width (default:
-    the blocks the longest sequence needs). num_tokens: pad the rows to this many."""
+    the blocks the longest sequence needs)."""
     width = width or max(-(-(c + n) // block_size) for c, n, _ in seqs)
     out = StepInputs([], [], [0], [], [], [], width)
     for cached, new, table in seqs:
@@ -47,9 +46,6 @@ def step_inputs(seqs: list[tuple[int, int, list[int]]], block_size: int, dummy_b
         out.query_lens.append(new)
         out.seq_lens.append(cached + new)
         out.block_tables += table
-    pad = (num_tokens or 0) - len(out.positions)
-    out.positions += [0] * pad
-    out.slot_mapping += [dummy_block * block_size] * pad
     return out
 
 

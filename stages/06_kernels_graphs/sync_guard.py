@@ -12,8 +12,8 @@ graph-captured step must never:
 * build a tensor from Python data inside the step: `torch.tensor([...])` is a host-to-device
   copy whose values would be frozen into the graph at capture.
 
-`SyncGuard` raises `GraphCaptureError` on each of these, on the CPU too, so the graph
-runner's logic is tested on machines without CUDA. Allocating intermediate results is fine:
+`sync_guard` raises `GraphCaptureError` on each of these, on the CPU too, so the graph runner's
+logic is tested on machines without CUDA. Allocating intermediate results is fine:
 under capture they come from the graph's private memory pool, at the same address each replay.
 Triton launches pass too: their wrappers read only shapes, and the CPU interpreter's own copies
 are none of the operations above, so the guard checks the Triton backend's steps whole.

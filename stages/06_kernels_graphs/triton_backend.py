@@ -1,30 +1,40 @@
 """The Triton backend: this stage's kernels behind the attention seam.
 
-Each layer scatters the step's K/V into the pool (kv_write.py; beside the fused model, in the
-same launch as RoPE: `rotary_forward`), then launches the attention of its *kernel set*:
-"lesson", this folder's kernels (the decode kernel, split-K for long contexts, when every
-sequence decodes; else the varlen kernel, prefill chunks and decodes in one launch), or a set
-a room registers (`register_kernel_set`: the gpu room's tensor-core "gpu"). A set chooses a
-step's decode splits, launches its attention, and may bring an MoE experts kernel.
+Each layer scatters the step's K/V into the pool (kv_write.py), then launches the attention of
+its *kernel set*: "lesson", this folder's kernels (the decode kernel, split-K for long contexts,
+when every sequence decodes; else the varlen kernel, prefill chunks and decodes in one launch),
+or a room's (`register_kernel_set`: the gpu room's "gpu"). A set chooses a step's decode splits,
+launches its attention, and may bring MoE experts and RoPE folded into the KV write (`rotary_forward`).
 """
 from __future__ import annotations
+
+from importlib import import_module
 
 import torch
 
 from course.s03_paged.paged_attention import PagedKVCache
 
 from .backend_base import KernelBackend, KernelMetadata
-from .fused_model import TritonOps
+
+
+def triton_op(module: str, name: str):
+    """`name` of this stage's Triton module `module`, imported at each call: Triton is installed on
+    Linux only, so the backends must import without it (and a test may swap the function)."""
+    return staticmethod(lambda *args: getattr(import_module(f"{__package__}.{module}"), name)(*args))
+
+
+class TritonOps:  # fused_model.py's TorchOps, each op one Triton launch
+    rms_norm = triton_op("fused_norm", "rms_norm")
+    add_rms_norm = triton_op("fused_norm", "fused_add_rms_norm")
+    rotary_ = triton_op("rotary", "apply_rotary_")
+    silu_mul = triton_op("silu_mul", "silu_mul")
 
 
 class LessonKernels:
     name = "lesson"
+    num_splits = triton_op("decode_attention", "choose_num_splits")  # (sequences, KV heads, max blocks, SMs)
     experts = None  # MoE layers: the model's own experts (eager), the registered captured ones
-
-    @staticmethod
-    def num_splits(num_seqs: int, num_kv_heads: int, max_blocks: int, num_sms: int) -> int:
-        from .decode_attention import choose_num_splits
-        return choose_num_splits(num_seqs, num_kv_heads, max_blocks, num_sms)
+    rotary_write_kv = None  # RoPE and the KV write in one launch; None: rotary.py's, then kv_write.py's
 
     @staticmethod
     def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out) -> torch.Tensor:
@@ -49,7 +59,6 @@ def register_kernel_set(kernels: type) -> None:
 class TritonPagedBackend(KernelBackend):
     name = "triton"
     fused_ops = TritonOps
-    rotary_in_kv_write = True
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "lesson"):
         super().__init__(cache)
@@ -57,6 +66,7 @@ class TritonPagedBackend(KernelBackend):
             raise ValueError(f"unknown triton kernels {kernels!r}; choose one of {sorted(KERNEL_SETS)} "
                              "(the gpu set needs its room registered: course.s06_kernels_graphs.gpu.register())")
         self.kernels = KERNEL_SETS[kernels]
+        self.rotary_in_kv_write = self.kernels.rotary_write_kv is not None  # the fused model asks (follow)
         self.num_splits = num_splits  # None: chosen per step from the shape
         self.num_sms = (torch.cuda.get_device_properties(cache.k.device).multi_processor_count
                         if cache.k.is_cuda else 1)  # the interpreter gains nothing from splits
@@ -83,9 +93,8 @@ class TritonPagedBackend(KernelBackend):
         return self.attend(layer, q, k, v, meta)
 
     def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
-        from .rotary import apply_rotary_and_write_kv
-
-        apply_rotary_and_write_kv(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
+        """`forward` for q and k not yet rotated (cos, sin [T, D/2]): the set's RoPE in the KV write."""
+        self.kernels.rotary_write_kv(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
         return self.attend(layer, q, k, v, meta)
 
     def attend(self, layer, q, k, v, meta: KernelMetadata):

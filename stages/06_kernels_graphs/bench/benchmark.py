@@ -34,7 +34,7 @@ from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetad
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
-from .. import cpu, gpu
+from .. import cpu, gpu, mixed_graphs
 from ..engine import make_backend
 from ..cpu.split_linear import split_linears
 from ..engine import KernelEngineConfig, LLMEngine
@@ -190,6 +190,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 def run(args) -> dict:
     gpu.register()  # the gpu room's kernel set, for --kernels gpu
     cpu.register()  # the split linears of the CPU's best setting
+    mixed_graphs.register()  # the best GPU setting's graphs hold steps with prefill chunks too
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     name = "tiny" if args.quick else args.model

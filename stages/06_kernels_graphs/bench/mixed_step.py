@@ -28,7 +28,7 @@ import torch
 from course.s01_decode_loop.bench.measure import bench_cli, median_of, timed
 from course.s01_decode_loop.testing import byte_tokenizer
 
-from .. import gpu
+from .. import gpu, mixed_graphs
 from ..engine import KernelEngineConfig, LLMEngine
 from .benchmark import BLOCK, load
 
@@ -114,6 +114,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 @torch.no_grad()
 def run(args) -> dict:
     gpu.register()  # the gpu room's kernel set
+    mixed_graphs.register()  # token buckets: the mixed and verify steps replay graphs
     dry = args.dry_run or not torch.cuda.is_available()
     if dry:  # the same steps, scaled down
         args.model, args.context, args.seqs, args.chunks, args.chunk_tokens, args.reps = "tiny", 32, 4, 2, 4, 0

@@ -142,3 +142,12 @@ def one_layer_step(case: PagedCase, make_backend, host: bool = True, graphed: bo
                                   host_lens=(inputs.query_lens, inputs.seq_lens) if host and not graphed else None,
                                   graphed=graphed)
     return backend, meta, (cache.k[0].flatten(0, 1)[slots], cache.v[0].flatten(0, 1)[slots])
+
+
+def record_captures(graphs) -> list:
+    """Every step function `graphs` captures from now on, in order (its first default: its
+    bucket), captured by the same backend as before."""
+    order, backend = [], graphs.capture_backend
+    graphs.capture_backend = type("Recorder", (), {"capture": lambda self, step: order.append(step) or
+                                                   backend.capture(step)})()
+    return order

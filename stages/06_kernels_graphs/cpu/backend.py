@@ -1,9 +1,9 @@
 """The cpu attention backend: every row of every step through attention.c, read straight from
 the pool, and, where `one_call_layers` allows, each whole decoder layer in one C call (layer.py).
 
-It is the torch backend's metadata and KV write with its own plan: the rows the C kernel
-attends, one call per layer. It offers its one-call layers through the backend seam
-(`layer_kernels`), so the fused model never needs to know which backend it runs with.
+It is the torch backend's metadata and KV write with its own plan (planned.py's `plan_step`):
+the rows the C kernel attends, one call per layer. It offers its one-call layers through the
+backend seam (`layer_kernels`), so the fused model never needs to know which backend it runs with.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from course.s03_paged.paged_attention import PagedKVCache
 
 from course.s01_decode_loop.moe.grouped import grouped_experts
 
-from ..backend_base import KernelMetadata, LayerKernels
-from ..torch_backend import TorchPagedBackend
+from ..backend_base import KernelMetadata
 from .ops import CpuOps
+from .planned import PlannedBackend
 
 
 @dataclass
@@ -29,7 +29,7 @@ class NativeRows:
     lens: torch.Tensor
 
 
-class CpuPagedBackend(TorchPagedBackend):
+class CpuPagedBackend(PlannedBackend):
     """Float32 on the CPU: decode rows, the k+1 rows of a speculative verification and prefill
     chunks alike, in one call per layer. A row of a chunk attends to the tokens up to its own
     position, which is the causal mask. One layer on a 2-core CPU, 32 decodes of 100-300
@@ -52,7 +52,7 @@ class CpuPagedBackend(TorchPagedBackend):
     def from_config(cls, cache: PagedKVCache, config) -> "CpuPagedBackend":
         return cls(cache, config.one_call_layers)
 
-    def layer_kernels(self, model) -> LayerKernels | None:
+    def layer_kernels(self, model):
         """layer.py's one-call layers, where `one_call_layers` asks for them and the C covers the
         model (float32 or int8 weights, no biases, a compiler here); else None."""
         from .layer import CpuLayers

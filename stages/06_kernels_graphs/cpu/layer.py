@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..backend_base import LayerKernels
 from . import native
 from .int8_linear import Int8Linear
 from .split_linear import SplitLinear
@@ -118,9 +117,10 @@ class LayerWeights:
         return cls(weights) if all(w is not None for w in weights) else None
 
 
-class CpuLayers(LayerKernels):
-    """The cpu backend's layer kernels for one fused model (backend.py's `layer_kernels`): every
-    layer's weights as the C takes them, gathered once, and the buffer every step reuses."""
+class CpuLayers:
+    """The cpu backend's layer kernels for one fused model (backend.py's `layer_kernels`, whose
+    `step` and `logits` the fused model asks): every layer's weights as the C takes them,
+    gathered once, and the buffer every step reuses."""
 
     def __init__(self, model, backend, weights: list[LayerWeights]):
         self.backend, self.weights, self.config = backend, weights, model.config

@@ -37,7 +37,22 @@ class StepPlan:
     prefills: list[tuple[int, int, int, int]]  # (sequence, first row, end row, total length) per chunk
 
 
-class PlannedTorchBackend(TorchPagedBackend):
+class PlannedBackend(TorchPagedBackend):
+    """The torch backend with each eager step planned once, from the host's lengths the runner
+    passes (`host_lens`), into the metadata's `plan`; captured steps have none."""
+
+    def build_metadata(self, *, host_lens=None, **kw) -> KernelMetadata:
+        meta = super().build_metadata(**kw)
+        if host_lens and not meta.graphed:
+            meta.plan = self.plan_step(meta, *host_lens)
+        return meta
+
+    def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]):
+        """An eager step's plan, made once per step from the host's lengths."""
+        raise NotImplementedError
+
+
+class PlannedTorchBackend(PlannedBackend):
     name = "torch"
 
     def __init__(self, cache: PagedKVCache, decode_group: int = 8):

@@ -3,16 +3,30 @@ Fill in the two bodies below, then run
 
     pytest stages/06_kernels_graphs/tests/test_torch_backend.py --exercise
 
-`--exercise` (root conftest.py) puts these functions in place of the reference ones in
-`course.s06_kernels_graphs.torch_backend`, where `TorchPagedBackend.forward` calls them (decode
-steps call the first; captured steps with prefill chunks or verifications the second), and
-they run in that module's namespace (`torch`). Without the flag the tests run the
+`--exercise` (root conftest.py) puts this code in place of the reference in
+`course.s06_kernels_graphs.torch_backend`, where `TorchPagedBackend.forward` calls it (every
+captured or decode step writes its K/V with the method, then decode steps attend with the
+function), and it runs in that module's namespace (`torch`). Without the flag the tests run the
 reference. Read `torch_backend.py`'s module docstring first; its code is the answer, so try
 before you look.
 """
 from __future__ import annotations
 
 import torch  # noqa: F401  (what a solution may need)
+
+from course.s06_kernels_graphs.backend_base import KernelMetadata
+
+
+class TorchPagedBackend:
+    def write_kv(self, layer, k, v, meta: KernelMetadata):
+        """k, v: [T, Hkv, D], this step's new keys and values; meta.slot_mapping [T]: where each
+        goes, block * block_size + offset. Write them into layer `layer`'s pools (`self.cache.k[layer]`,
+        `self.cache.v[layer]`, [num_blocks, block_size, Hkv, D]) and return the two pools.
+
+        No host sync: view each pool as [num_blocks * block_size, Hkv, D] (a view, no copy) and
+        index-put the rows at the slots, one scatter per pool."""
+        raise NotImplementedError("exercise: stages/06_kernels_graphs/exercises/torch_backend.py "
+                                  "TorchPagedBackend.write_kv")
 
 
 def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
@@ -26,17 +40,3 @@ def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
     K/V per query head); scores in float32 scaled by D**-0.5 (einsum); -inf where the key index
     >= the sequence's length; softmax over keys; weight the values; back to [B, H, D]."""
     raise NotImplementedError("exercise: stages/06_kernels_graphs/exercises/torch_backend.py decode_attention_gather")
-
-
-def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_tables, seq_lens):
-    """The same for a ragged step (prefill chunks beside decodes): q [T, H, D], rows
-    cu_seqlens_q[b]:cu_seqlens_q[b+1] of sequence b, at `positions` [T]; block_tables [B, W];
-    seq_lens [B]. Returns [T, H, D] in q's dtype; rows of no sequence (bucket padding past
-    cu_seqlens_q[-1]) come out as zeros.
-
-    Still no host sync: find each row's sequence on the device (`torch.searchsorted` of the row
-    index in cu_seqlens_q[1:], `right=True`), clamp it for the padding rows, and gather each ROW's
-    table ([T, W*bs, Hkv, D]). A key is visible to a row when its index is <= the row's position,
-    < its sequence's length, and the row belongs to a sequence. Mask the scores with -inf where
-    invisible; a row that sees nothing must give 0, not NaN (`torch.where` after the softmax)."""
-    raise NotImplementedError("exercise: stages/06_kernels_graphs/exercises/torch_backend.py varlen_attention_gather")

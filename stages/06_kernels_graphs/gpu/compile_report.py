@@ -71,8 +71,8 @@ from dataclasses import dataclass
 from course.s01_decode_loop.bench.measure import bench_cli
 
 MODULE = "course.s06_kernels_graphs.gpu.compile_report"
-ROOM_MODULES = ("course.s06_kernels_graphs.gpu.decode_attention",
-                "course.s06_kernels_graphs.gpu.prefill_attention", "course.s06_kernels_graphs.gpu.fused_moe")
+ROOM_MODULES = ("course.s06_kernels_graphs.gpu.decode_attention", "course.s06_kernels_graphs.gpu.prefill_attention",
+                "course.s06_kernels_graphs.gpu.fused_moe", "course.s06_kernels_graphs.gpu.rotary_kv_write")
 
 
 @dataclass(frozen=True)
@@ -212,19 +212,6 @@ def rotary_cases(s: ModelShape) -> list[dict]:
     return [launch_case(s.name, _rotary_kernel, args)]
 
 
-def rotary_write_kv_cases(s: ModelShape) -> list[dict]:
-    from ..rotary import _rotary_write_kv_kernel
-    row, half = _qkv_row(s), s.head_dim // 2
-    args = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
-            "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "slot_ptr": "*i64",
-            "stride_qt": row, "stride_qh": s.head_dim, "stride_qd": 1, "stride_kt": row, "stride_kh": s.head_dim,
-            "stride_kd": 1, "stride_vt": row, "stride_vh": s.head_dim, "stride_vd": 1,
-            "stride_ct": half, "stride_cd": 1, "stride_st": half, "stride_sd": 1, "stride_slot": 1,
-            "Q_HEADS": s.heads, "K_HEADS": s.kv_heads, "HALF": half, "BLOCK_QH": _pow2(s.heads),
-            "BLOCK_KH": _pow2(s.kv_heads), "BLOCK_HALF": _pow2(half)}
-    return [launch_case(s.name, _rotary_write_kv_kernel, args)]
-
-
 def silu_mul_cases(s: ModelShape) -> list[dict]:
     from ..silu_mul import _silu_mul_kernel
     args = {"gate_up_ptr": "*bf16", "out_ptr": "*bf16", "stride_in": 2 * s.intermediate,
@@ -233,8 +220,7 @@ def silu_mul_cases(s: ModelShape) -> list[dict]:
 
 
 def lesson_cases() -> list[dict]:
-    builders = (decode_cases, reduce_cases, prefill_cases, kv_write_cases, norm_cases, rotary_cases,
-                rotary_write_kv_cases, silu_mul_cases)
+    builders = (decode_cases, reduce_cases, prefill_cases, kv_write_cases, norm_cases, rotary_cases, silu_mul_cases)
     return [{**case, "source": "lesson"} for build in builders for s in SHAPES for case in build(s)]
 
 

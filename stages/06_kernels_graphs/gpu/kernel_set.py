@@ -4,7 +4,7 @@ A decode step launches the tensor-core decode kernel alone. A mixed step launche
 on the same q and out: the prefill kernel on the chunks (their own keys from the fresh
 projection, `skip_decodes`), the decode kernel on the single-token rows (`query_start`), each
 with a grid that depends on shapes alone, so any step can be captured. MoE layers take the
-fused MoE kernel, eager or captured.
+fused MoE kernel, eager or captured; RoPE and the KV write share one launch (rotary_kv_write.py).
 """
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ import torch
 from .decode_attention import choose_max_splits, paged_decode_attention
 from .fused_moe import fused_moe
 from .prefill_attention import varlen_attention
+from .rotary_kv_write import apply_rotary_and_write_kv
 
 
 class GpuKernels:
     name = "gpu"
     experts = staticmethod(fused_moe)
+    rotary_write_kv = staticmethod(apply_rotary_and_write_kv)
     num_splits = staticmethod(choose_max_splits)  # an upper bound: each request takes what its length needs
 
     @staticmethod

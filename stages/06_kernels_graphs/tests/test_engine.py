@@ -10,13 +10,16 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
-from course.s06_kernels_graphs import cpu, gpu
+from course.s06_kernels_graphs import cpu, gpu, mixed_graphs
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+from course.s06_kernels_graphs.fused_model import FusedCausalLM
+from course.s06_kernels_graphs.gpu.kernel_set import GpuKernels
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
 
 cpu.register()  # the cpu backend and the linear options
 gpu.register()  # the "gpu" kernel set
+mixed_graphs.register()  # with graphs, steps with prefill chunks replay token buckets too
 
 SHARED = b"You are a helpful assistant. "
 PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
@@ -64,15 +67,21 @@ def test_torch_backend_gives_stage04_greedy_tokens(byte_tok, name, pool, graphs,
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_the_lessons_torch_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, graphs):
-    """The lesson's own eager paths (the gather for decodes, stage 03's for chunks), where the
-    CPU room has not put its planned steps in its place."""
+    """The lesson alone: its eager paths (the gather for decodes, stage 03's for chunks) where
+    the CPU room has not put its planned steps in their place, and its decode graphs where the
+    mixed_graphs room has not added token buckets."""
     from course.s06_kernels_graphs import engine as engine_module
+    from course.s06_kernels_graphs.graph_runner import GraphRunner
     from course.s06_kernels_graphs.torch_backend import TorchPagedBackend
 
     monkeypatch.setitem(engine_module.BACKENDS, "torch", TorchPagedBackend)
+    monkeypatch.delitem(engine_module.EXTENSIONS, "mixed_graphs")
     model = tiny_model("qwen3")
     got, engine = stage06(model, byte_tok, GREEDY, "tight", cuda_graphs=graphs, fused=graphs)
     assert got == stage04(model, byte_tok, GREEDY, "tight") and type(engine.attn) is TorchPagedBackend
+    if graphs:
+        decodes = sum(1 for s in engine.step_log if all(n == 1 for _, n, _ in s["chunks"]))
+        assert type(engine.runner.graphs) is GraphRunner and 0 < engine.graphed_steps <= decodes
 
 
 CPU_RUNS = [(name, "tight", 40, True) for name in sorted(TINY_CONFIGS)] + [("gqa_tied", "roomy", 12, False),
@@ -134,43 +143,41 @@ TRITON_RUNS = [("gqa_tied", False, "lesson"), ("mqa_odd_heads", False, "lesson")
                          ids=[f"{n}-{'graphs' if g else 'eager'}-{k}" for n, g, k in TRITON_RUNS])
 def test_triton_backend_gives_stage04_greedy_tokens(byte_tok, monkeypatch, name, graphs, kernels):
     """Both kernel sets, eager and graphed. With graphs every step replays one: the token
-    budget (12) fits the largest mixed bucket, so prefill steps are captured too."""
+    budget (12) fits the largest token bucket (mixed_graphs/), so prefill steps are captured too."""
     model = tiny_model(name)
     params = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     want = stage04(model, byte_tok, params, "roomy")
     graphed, run = [], ModelRunner.run
     monkeypatch.setattr(ModelRunner, "run", lambda self, *a: graphed.append((out := run(self, *a)).graphed) or out)
-    fused_rotary, rotary_forward = [], TritonPagedBackend.rotary_forward
-    monkeypatch.setattr(TritonPagedBackend, "rotary_forward",
-                        lambda self, *a: fused_rotary.append(a[0]) or rotary_forward(self, *a))
+    folded, fold = [], GpuKernels.rotary_write_kv
+    monkeypatch.setattr(GpuKernels, "rotary_write_kv", staticmethod(lambda *a: folded.append(1) or fold(*a)))
     got, engine = stage06(model, byte_tok, params, "roomy", attention_backend="triton", cuda_graphs=graphs,
                           fused=graphs, triton_kernels=kernels)  # fused Triton kernels ride along with graphs
     assert got == want
-    assert bool(fused_rotary) == graphs  # the fused model's RoPE ran in the KV write's launch
+    assert bool(folded) == (graphs and kernels == "gpu")  # the gpu set folds RoPE into the KV write (fused model)
     assert engine.stats()["backend"] == "triton"
     assert all(graphed) if graphs else not any(graphed)
 
 
-def test_fused_triton_layer_makes_one_launch_for_rope_and_kv_write_and_one_for_silu_mul(monkeypatch):
-    """Counted per decode step: each layer calls the fused RoPE + KV write and silu_mul once, and
-    never the separate RoPE kernel, the separate KV write or torch's silu."""
+@pytest.mark.parametrize("kernels, per_layer", [("lesson", ["apply_rotary_", "write_kv", "silu_mul"]),
+                                                ("gpu", ["rotary_write_kv", "silu_mul"])])
+def test_fused_triton_layer_launches_each_small_kernel_once(monkeypatch, kernels, per_layer):
+    """Counted per decode step: each layer launches RoPE, the KV write and silu_mul once (the gpu
+    set: RoPE and the KV write in one launch), and never torch's silu."""
     from course.s03_paged.paged_attention import PagedKVCache
     from course.s06_kernels_graphs import kv_write, rotary, silu_mul
-    from course.s06_kernels_graphs.engine import make_backend
-    from course.s06_kernels_graphs.fused_model import FusedCausalLM
 
     calls = []
-    for module, name in ((rotary, "apply_rotary_and_write_kv"), (rotary, "apply_rotary_"), (kv_write, "write_kv"),
-                         (silu_mul, "silu_mul"), (torch.nn.functional, "silu")):
-        counted = lambda *a, _f=getattr(module, name), _n=name, **kw: calls.append(_n) or _f(*a, **kw)  # noqa: E731
-        monkeypatch.setattr(module, name, counted)
+    for owner, name in ((rotary, "apply_rotary_"), (kv_write, "write_kv"), (GpuKernels, "rotary_write_kv"),
+                        (silu_mul, "silu_mul"), (torch.nn.functional, "silu")):
+        counted = lambda *a, _f=getattr(owner, name), _n=name, **kw: calls.append(_n) or _f(*a, **kw)  # noqa: E731
+        monkeypatch.setattr(owner, name, staticmethod(counted) if owner is GpuKernels else counted)
     model = tiny_model("gqa_tied")
-    backend = make_backend("triton", PagedKVCache(model.config, 9, 16))
+    backend = TritonPagedBackend(PagedKVCache(model.config, 9, 16), kernels=kernels)
     fused = FusedCausalLM(model).follow(backend)
     ModelRunner(fused, backend, max_num_tokens=1, max_num_seqs=1, max_blocks_per_seq=8, dummy_block=8).run(
         [1], [(20, 1, list(range(8)))], [0])
-    layers = model.config.num_hidden_layers
-    assert sorted(calls) == sorted(["apply_rotary_and_write_kv", "silu_mul"] * layers)
+    assert sorted(calls) == sorted(per_layer * model.config.num_hidden_layers)
 
 
 def test_triton_split_k_decode_gives_the_same_tokens(byte_tok):
@@ -196,7 +203,8 @@ def test_room_options_are_refused_until_their_room_registers(byte_tok, monkeypat
     model = tiny_model("gqa_tied")
     for options, refusal in [({"attention_backend": "cpu"}, "unknown attention backend"),
                              ({"attention_backend": "triton", "triton_kernels": "gpu"}, "unknown triton kernels"),
-                             ({"overlap": True}, "overlap room"), ({"fused": True, "linear_splits": 2}, "cpu room")]:
+                             ({"overlap": True}, "overlap room"), ({"fused": True, "linear_splits": 2}, "cpu room"),
+                             ({"cuda_graphs": True, "graph_max_num_tokens": 64}, "mixed_graphs room")]:
         with pytest.raises(ValueError, match=refusal):
             LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, **options))
     assert LLMEngine(model, byte_tok, KernelEngineConfig(num_blocks=8, fused=True)).extensions == {}

@@ -1,5 +1,5 @@
-"""The small kernels against stage 01/03's PyTorch code: KV write, RMSNorm (+ residual), RoPE
-(alone and fused with the KV write), SiLU * up.
+"""The small kernels against stage 01/03's PyTorch code: KV write, RMSNorm (+ residual), RoPE,
+SiLU * up (the gpu room's RoPE folded into the KV write: gpu/tests/test_rotary_kv_write.py).
 Pools start as NaN so a stray write shows; q/k/v are strided views of one fused qkv buffer."""
 import os
 
@@ -15,7 +15,7 @@ from course.s03_paged.paged_attention import (
 )
 from course.s06_kernels_graphs.fused_norm import fused_add_rms_norm, rms_norm
 from course.s06_kernels_graphs.kv_write import write_kv
-from course.s06_kernels_graphs.rotary import apply_rotary_, apply_rotary_and_write_kv
+from course.s06_kernels_graphs.rotary import apply_rotary_
 from course.s06_kernels_graphs.silu_mul import silu_mul
 from course.s06_kernels_graphs.sync_guard import sync_guard
 
@@ -186,42 +186,6 @@ def test_rotary_follows_any_head_and_channel_strides(t, heads, kv_heads, dim):
     close(k, want_k, torch.float32)
 
 
-# ---- apply_rotary_and_write_kv ---------------------------------------------------------------------
-
-@DTYPES
-@pytest.mark.parametrize("t, heads, kv_heads, dim, index_dtype", [(1, 4, 2, 16, torch.int32), (7, 6, 2, 12, torch.int64),
-                                                                  (33, 9, 3, 64, torch.int32), (5, 8, 8, 128, torch.int64)])
-def test_rotary_and_kv_write_in_one_launch_equals_the_two_kernels(dtype, index_dtype, t, heads, kv_heads, dim):
-    """q and k rotated as apply_rope rotates them; the rotated k and v at the mapped slots, bit for
-    bit what apply_rotary_ then write_kv leave; every other slot of the NaN pool untouched."""
-    qkv, q, k, v = fused_qkv(t, heads, kv_heads, dim, dtype, seed=dim)
-    positions = torch.randint(0, 500, (t,), generator=torch.Generator().manual_seed(t))
-    cos, sin = RotaryEmbedding(config(heads, kv_heads, dim))(positions)
-    want_q, want_k, v0 = apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.clone()
-    blocks, block_size = t // 2 + 3, 4
-    num_slots = blocks * block_size
-    slots = torch.randperm(num_slots - 1, generator=torch.Generator().manual_seed(t))[:t]  # never the last
-    slots[1::3] = -1  # padding rows: rotated, not stored
-    pools = [torch.full((blocks, block_size, kv_heads, dim), float("nan"), dtype=dtype) for _ in range(4)]
-    qkv_two = qkv.clone()
-    q2, k2, v2 = qkv_two[:, :heads], qkv_two[:, heads:heads + kv_heads], qkv_two[:, heads + kv_heads:]
-    apply_rotary_(q2, k2, cos, sin)  # the two kernels, in the lesson's reading order
-    write_kv(k2, v2, pools[2], pools[3], slots.to(index_dtype))
-    apply_rotary_and_write_kv(q, k, v, cos, sin, pools[0], pools[1], slots.to(index_dtype))
-    close(q, want_q, dtype)
-    close(k, want_k, dtype)
-    assert torch.equal(v, v0)
-    assert torch.equal(qkv, qkv_two)
-    for got, want in ((pools[0], pools[2]), (pools[1], pools[3])):
-        torch.testing.assert_close(got, want, equal_nan=True, atol=0, rtol=0)
-    untouched = torch.ones(num_slots, dtype=torch.bool)
-    untouched[slots[slots >= 0]] = False
-    for pool, src in ((pools[0], k), (pools[1], v)):
-        flat = pool.view(num_slots, kv_heads, dim)
-        assert flat[untouched].isnan().all(), "a slot outside the mapping was written"
-        assert torch.equal(flat[slots[slots >= 0]], src[slots >= 0])
-
-
 # ---- silu_mul -----------------------------------------------------------------------------------
 
 @DTYPES
@@ -247,7 +211,6 @@ def test_small_kernels_never_read_tensor_values_on_the_host():
     with sync_guard():  # raises on .item(), .tolist(), boolean masks, ...
         write_kv(k, v, k_cache, v_cache, slots)
         apply_rotary_(q, k, cos, sin)
-        apply_rotary_and_write_kv(q, k, v, cos, sin, k_cache, v_cache, slots)
         silu_mul(x)
         rms_norm(x, weight, 1e-5)
         fused_add_rms_norm(x, residual, weight, 1e-5)

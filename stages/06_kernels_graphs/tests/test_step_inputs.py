@@ -1,6 +1,6 @@
 """The step-input builder every runner uses, against a plain per-token reference on ragged
-batches: prefill chunks over a cached prefix, decodes, a verification, and the padding of both
-graph buckets (padding sequences and token rows into the dummy block)."""
+batches: prefill chunks over a cached prefix, decodes, a verification, and a decode bucket's
+padding sequences into the dummy block."""
 import pytest
 import torch
 
@@ -9,9 +9,9 @@ from course.s06_kernels_graphs.step_inputs import StepBuffers, step_inputs
 BS, DUMMY = 4, 99
 
 
-def reference(seqs, width, num_tokens=0):
+def reference(seqs, width):
     """Token by token: a sequence's slots are its blocks' slots in table order; table padding
-    and every row of no sequence point at the dummy block."""
+    points at the dummy block."""
     positions, slots, cu, tables = [], [], [0], []
     for cached, new, table in seqs:
         table = (table + [DUMMY] * width)[:width]
@@ -21,9 +21,6 @@ def reference(seqs, width, num_tokens=0):
             slots.append(every_slot[position])
         cu.append(len(positions))
         tables += table
-    while len(positions) < num_tokens:
-        positions.append(0)
-        slots.append(DUMMY * BS)
     return positions, slots, cu, [c + n for c, n, _ in seqs], tables
 
 
@@ -51,15 +48,6 @@ def test_a_decode_bucket_pads_with_one_token_sequences_into_the_dummy_block():
     assert (got.positions, got.slot_mapping, got.cu_seqlens_q, got.seq_lens, got.block_tables) == reference(seqs, 6)
     assert got.slot_mapping[3:] == [DUMMY * BS] * 5 and got.block_tables[3 * 6:] == [DUMMY] * 30
     assert got.seq_lens[3:] == [1] * 5  # each padding row attends to its own key alone
-
-
-def test_a_mixed_bucket_pads_empty_sequences_and_rows_of_no_sequence():
-    seqs = STEPS["chunk over a cached prefix + decodes"] + [(0, 0, [])] * 2
-    got = step_inputs(seqs, BS, DUMMY, width=5, num_tokens=16)
-    assert (got.positions, got.slot_mapping, got.cu_seqlens_q, got.seq_lens, got.block_tables) == \
-        reference(seqs, 5, num_tokens=16)
-    assert got.cu_seqlens_q[-3:] == [7, 7, 7] and got.seq_lens[-2:] == [0, 0]  # empty slots: no rows, no keys
-    assert got.slot_mapping[7:] == [DUMMY * BS] * 9
 
 
 def test_buffers_start_as_an_empty_step_any_bucket_can_be_captured_on():

@@ -11,7 +11,7 @@ from course.s06_kernels_graphs.gpu.compile_report import (CARDS, ROOM_MODULES, S
                                                           occupancy_warps)
 
 LESSON_KERNELS = {"_decode_kernel", "_reduce_kernel", "_varlen_paged_attn_kernel", "_write_kv_kernel",
-                  "_rms_norm_kernel", "_rotary_kernel", "_rotary_write_kv_kernel", "_silu_mul_kernel"}
+                  "_rms_norm_kernel", "_rotary_kernel", "_silu_mul_kernel"}
 
 
 @pytest.fixture(scope="module")
