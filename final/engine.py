@@ -36,7 +36,6 @@ from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import accept_greedy, verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
-from course.s06_kernels_graphs.cpu.split_linear import split_linears
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
 from .harness.prompt_logprobs import PromptLogprobs
@@ -74,13 +73,13 @@ class Engine(LLMEngine):
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
         self.speculative = speculative = speculative or SpeculativeConfig()
         # EAGLE borrows the embedding of the model passed in and the lm_head the engine runs, and
-        # its own linears are split over the cores as the engine's are (stage 06)
+        # its own linears become what the engine's are (split over the cores, or int8: stage 06)
         if isinstance(drafter, Drafter):
             drafter = DraftSource(drafter)
         target = BorrowedTarget(model, self.runner.model) if self.config.fused else model
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
-        if isinstance(self.source, EagleSource) and self.config.cpu.linear_splits > 1:
-            split_linears(self.source.head, self.config.cpu.linear_splits)
+        if isinstance(self.source, EagleSource):
+            self.source.head = self.prepare_module(self.source.head)
         self.drafts = self.scheduler.drafts
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()

@@ -21,7 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
-from course.s04_continuous_batching.watch import EngineWatch, snapshot_events
+from course.s04_continuous_batching.watch import EngineWatch, may_join, snapshot_events
 
 from ..errors import error
 from .workers import add_worker_routes
@@ -68,7 +68,7 @@ def add_dashboard_routes(app: FastAPI, engine) -> None:
     async def events(worker: str | None = None):
         if worker is not None:
             return error(404, "this server runs one engine: it has no workers to pick from")
-        if watch.watching >= watch.max_watchers:
+        if not may_join(watch):
             return error(429, f"{watch.max_watchers} dashboards are open already; close one")
         return StreamingResponse(snapshot_events(watch, lambda: engine.accepting, KEEP_ALIVE_S),  # a shutdown ends it
                                  media_type="text/event-stream", headers=EVENT_HEADERS)

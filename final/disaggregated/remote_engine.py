@@ -224,7 +224,7 @@ class RemoteEngine(EngineClient):
 # ---- `python -m course.final serve --disaggregated` ------------------------------------------------
 # The local engine's options the workers do not take: refused with --disaggregated, never ignored.
 LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "gpu_memory_utilization", "attention_backend", "cuda_graphs",
-              "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization",
+              "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization", "overlap",
               "speculative_method",
               "num_speculative_tokens", "speculative_disable_by_batch_size", "scheduling_policy", "cost_model",
               "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation"]
