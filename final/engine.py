@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -38,7 +38,6 @@ from course.s05_speculative.verify import accept_greedy, verify_greedy, verify_s
 from course.s06_kernels_graphs.engine import LLMEngine
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
-from .harness.prompt_logprobs import PromptLogprobs
 from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
@@ -86,7 +85,8 @@ class Engine(LLMEngine):
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
-        self.prompt_logprobs = PromptLogprobs(self)  # scores the prompts of requests that ask (harness/)
+        # called after each forward with its chunks and their final hidden rows (harness/ scores prompts)
+        self.after_forward: list[Callable[[list, torch.Tensor], None]] = []
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
         """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
@@ -147,11 +147,13 @@ class Engine(LLMEngine):
         return self.source is None  # drafters read every token on the host
 
     def _run(self, chunks, feed=None):
-        """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""
+        """The forward, with the batch's grammar masks filled on a worker thread meanwhile; then
+        the `after_forward` hooks."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
         try:
             logits = super()._run(chunks, feed)
-            self.prompt_logprobs.collect(chunks, self.last_hidden)
+            for hook in self.after_forward:
+                hook(chunks, self.last_hidden)
             return logits
         finally:
             if pending is not None:

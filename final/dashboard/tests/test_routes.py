@@ -77,8 +77,8 @@ def test_events_stream_snapshots_and_stop_when_the_client_leaves(byte_tok):
 
 def test_events_are_bounded_per_client_and_in_number_of_clients(byte_tok):
     engine = tiny_engine(byte_tok)
-    engine.watch.max_watchers = 1
     with live_server(engine, byte_tok) as url:
+        engine.watch.max_watchers = 1
         with httpx.stream("GET", url + "/dashboard/events", timeout=10) as slow:  # opened, never read
             assert slow.status_code == 200
             assert wait_until(lambda: engine.watch.watching == 1)
