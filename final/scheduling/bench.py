@@ -33,6 +33,11 @@ SETUPS = {  # cost model, engine sizes, MLFQ quanta
 }
 
 
+def run_name(setup: str, load_: float, policy: str) -> str:
+    """A simulated run's name, e.g. "cpu/load=0.9/mlfq" (the README's keys pick runs by it)."""
+    return f"{setup.split()[0]}/load={load_:g}/{policy}"
+
+
 def with_priorities(trace: list[TraceRequest]) -> list[TraceRequest]:
     for t in trace:
         t.priority = t.output_tokens.bit_length()  # the oracle: shorter answers first, by powers of two
@@ -62,7 +67,8 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
                 start = time.perf_counter()
                 result = simulate(trace, cost, config, make_policy(policy, cost, mlfq))
                 wall = time.perf_counter() - start
-                runs.append({"cost_model": name, "num_blocks": config.num_blocks, "load": load_, "rate": load_ * full, "policy": policy,
+                runs.append({"name": run_name(name, load_, policy), "cost_model": name, "num_blocks": config.num_blocks,
+                             "load": load_, "rate": load_ * full, "policy": policy,
                              "summary": summarize(result.completions, cost, short), "steps": result.steps,
                              "preemptions": result.preemptions, "pauses": result.pauses, "sim_seconds": wall,
                              "jct_quantiles_s": quantiles([c.jct_s for c in result.completions])})
