@@ -21,7 +21,7 @@ from course.s04_continuous_batching.engine import EngineConfig
 
 from .cost_model import MEASURED_CPU, gpu_like, load
 from .policies import POLICIES, MLFQConfig, make_policy
-from .metrics import percentile, plot, quantiles, summarize
+from .metrics import percentile, quantiles, summarize
 from .simulator import TraceRequest, simulate
 from .traces import poisson_trace, sharegpt_lengths
 
@@ -109,7 +109,10 @@ def run(args: argparse.Namespace) -> dict:
         result["simulated"] = simulated_runs(lengths, args.loads, args.seed, args.setups, args.policies,
                                              args.mlfq_starvation, args.num_blocks)
         if args.plot:
-            plot(result["simulated"], args.plot)
+            import matplotlib
+            matplotlib.use("Agg")
+            from .plots import plot_runs
+            plot_runs(result["simulated"]).savefig(args.plot, dpi=110)
     if args.real:
         from .bench_real import real_runs
         result["real"] = real_runs(loaded, args.real, args.real_load, args.seed)
