@@ -172,7 +172,7 @@ def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLi
     app.add_middleware(BodyLimit, max_bytes=(limits or ServerLimits()).max_request_bytes)
     install_error_handlers(app)
     server = Server(engine, tokenizer, model_name, limits or ServerLimits())
-    app.state.server, app.state.grammars = server, server.grammars
+    app.state.grammars = server.grammars  # the shutdown cancels its compiles
     for plug_in in plugins:
         plug_in(app, server)
     ChatBody, CompletionBody = server.chat_body, server.completion_body
