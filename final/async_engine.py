@@ -14,21 +14,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s04_continuous_batching.policy import Priority
-from course.s04_continuous_batching.watch import EngineWatch
 
 from .engine import Engine
 from .engine_client import (EngineClient, EngineLimits, EventStream, GenerationRequest, RequestFailedError,
                             ShuttingDownError)
 from .metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
 
 
 class EngineDeadError(RuntimeError):
@@ -68,7 +70,9 @@ class AsyncEngine(EngineClient):
         self._unscheduled: set[int] = set()  # engine thread: admitted ids not yet scheduled once
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self.watch = EngineWatch()  # snapshots for the dashboard, built only while a page is open
+        # called on the engine thread with the engine after every loop turn (the dashboard's watch);
+        # the same seam as stage 07's EngineLoop.after_turn
+        self.after_turn: list[Callable[[Engine], None]] = []
 
     def start(self) -> "AsyncEngine":
         self._thread.start()
@@ -139,7 +143,11 @@ class AsyncEngine(EngineClient):
                 self._step()
             self._note_scheduled()
             self.metrics.engine_updated(self.engine)
-            self.watch.turn(self.engine, self.refused)
+            for hook in self.after_turn:
+                try:
+                    hook(self.engine)
+                except Exception:  # a hook's bug (a snapshot's, say) must not stop the engine
+                    log.exception("after-turn hook %r failed", hook)
         self._handle_commands(block=False)  # adds that raced the stop still get their answer
         self._fail_all(ShuttingDownError("the server is shutting down; this request was stopped"))
 

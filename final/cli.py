@@ -1,5 +1,8 @@
 """`python -m course.final serve`: the OpenAI-compatible server on the default model.
-`python -m course.final serve --disaggregated --prefill 1 --decode 1`: the same API over stage 07's workers."""
+`python -m course.final serve --disaggregated --prefill 1 --decode 1`: the same API over stage 07's workers.
+
+The one place that assembles everything: the engine with stage 06's rooms (launch/), the
+scheduling policy (scheduling/), and the app with every room's plug-in (`plugins`)."""
 from __future__ import annotations
 
 import argparse
@@ -9,16 +12,19 @@ from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import human
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
+from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, json_schema_to_grammar
+from course.s08_structured.serving.closing import CloseOnBudget
 
-from .engine import METHODS, Engine, SpeculativeConfig
-
+from . import dashboard, harness, tools
 from .async_engine import AsyncEngine
+from .engine import METHODS, Engine, SpeculativeConfig
 from .launch.kernel_defaults import describe as describe_kernels
 from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
+from .security.api_key import Door, guard
 from .security.options import add_door_args, door_from_args, uvicorn_options
 from .metrics import ServerMetrics
 from .disaggregated.remote_engine import LOCAL_ONLY, check_flags, serve_disaggregated
@@ -26,6 +32,35 @@ from .server import ServerLimits, build_app
 from .shutdown import serve_until_stopped
 from .tensor_parallel.start import start_tensor_parallel
 from .torch_threads import off_the_main_thread
+
+
+def schema_grammar(schema, strict: bool, budget):
+    """`response_format`'s compiler: stage 08's JSON Schema front end. Strict refuses a keyword no
+    grammar enforces; best-effort relaxes it (the warnings header says so) and bounds the strings,
+    numbers and arrays the schema leaves unbounded (SERVING_BOUNDS: 64 characters, 16 digits,
+    16 items, each listed in the header as a "default-bound"), so that answers finish."""
+    return json_schema_to_grammar(schema, budget=budget, mode=STRICT if strict else BEST_EFFORT,
+                                  default_bounds=SERVING_BOUNDS)
+
+
+def plug_in_json_schema(app, server) -> None:
+    """The grammar cache's JSON Schema compiler, and processors that close the JSON on budget:
+    when the tokens left in max_tokens are about what the shortest way to close it needs, only
+    tokens that still let it close are allowed (finish_reason "stop", not "length")."""
+    server.grammars.schema_grammar = schema_grammar
+    server.grammars.narrow = CloseOnBudget()
+
+
+def plugins(door: Door | None = None, dashboard_routes: bool = True) -> list:
+    """Every room's plug-in of the full server; the door last, so its key check is the outermost."""
+    return [plug_in_json_schema, tools.plug_in, harness.plug_in] + [dashboard.plug_in] * dashboard_routes + \
+        [guard(door)]
+
+
+def assemble_app(engine, tokenizer, model_name: str, limits: ServerLimits | None = None, door: Door | None = None,
+                 dashboard_routes: bool = True):
+    """The full server's app over `engine` (the tests' live servers are this one too)."""
+    return build_app(engine, tokenizer, model_name, limits, plugins(door, dashboard_routes))
 
 
 def build_server(args: argparse.Namespace, memory_info=None, tp=None):
@@ -69,7 +104,7 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-    return engine, build_app(engine, loaded.tokenizer, name, limits, door_from_args(args), not args.no_dashboard)
+    return engine, assemble_app(engine, loaded.tokenizer, name, limits, door_from_args(args), not args.no_dashboard)
 
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -149,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.disaggregated:
-        return serve_disaggregated(args)
+        return serve_disaggregated(args, assemble_app)
     try:
         engine, app = build_server(args, tp=tp)
     except (ValueError, ModelLoadError) as e:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -36,10 +36,8 @@ from course.s05_speculative.drafter import Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import accept_greedy, verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
-from course.s06_kernels_graphs.cpu.split_linear import split_linears
 
 from .drafters import BorrowedTarget, DraftSource, EagleSource, make_source
-from .harness.prompt_logprobs import PromptLogprobs
 from .mask_prefetch import MaskPrefetcher
 from .spec_scheduler import SpeculativeScheduler
 
@@ -74,20 +72,21 @@ class Engine(LLMEngine):
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
         self.speculative = speculative = speculative or SpeculativeConfig()
         # EAGLE borrows the embedding of the model passed in and the lm_head the engine runs, and
-        # its own linears are split over the cores as the engine's are (stage 06)
+        # its own linears become what the engine's are (split over the cores, or int8: stage 06)
         if isinstance(drafter, Drafter):
             drafter = DraftSource(drafter)
         target = BorrowedTarget(model, self.runner.model) if self.config.fused else model
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
-        if isinstance(self.source, EagleSource) and self.config.cpu.linear_splits > 1:
-            split_linears(self.source.head, self.config.cpu.linear_splits)
+        if isinstance(self.source, EagleSource):
+            self.source.head = self.prepare_module(self.source.head)
         self.drafts = self.scheduler.drafts
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()
         self.accepted_per_position = [0] * self.speculative.num_speculative_tokens
         self._acceptance_rngs: dict[int, torch.Generator] = {}  # per sampled request: reproducible draws
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
-        self.prompt_logprobs = PromptLogprobs(self)  # scores the prompts of requests that ask (harness/)
+        # called after each forward with its chunks and their final hidden rows (harness/ scores prompts)
+        self.after_forward: list[Callable[[list, torch.Tensor], None]] = []
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
         """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
@@ -148,11 +147,13 @@ class Engine(LLMEngine):
         return self.source is None  # drafters read every token on the host
 
     def _run(self, chunks, feed=None):
-        """The forward, with the batch's grammar masks filled on a worker thread meanwhile."""
+        """The forward, with the batch's grammar masks filled on a worker thread meanwhile; then
+        the `after_forward` hooks."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
         try:
             logits = super()._run(chunks, feed)
-            self.prompt_logprobs.collect(chunks, self.last_hidden)
+            for hook in self.after_forward:
+                hook(chunks, self.last_hidden)
             return logits
         finally:
             if pending is not None:

@@ -110,7 +110,6 @@ class EngineClient(ABC):
     """What the server asks of an engine. Admission is decided here, on the caller's thread and
     at once: a refused request (400, 429, 503) never waits for an engine step."""
     counted = "waiting requests"  # what the queue bound counts, for the 429's message
-    watch = None  # the dashboard's EngineWatch, where this engine offers one (dashboard/)
     workers: dict[str, str] = {}  # name -> URL of each worker engine, where the engines are remote (dashboard/)
 
     def __init__(self, limits: EngineLimits, max_waiting: int, metrics: ServerMetrics | None = None):

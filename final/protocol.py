@@ -1,14 +1,20 @@
-"""OpenAI request bodies, validated. Unknown fields are refused (400), never silently ignored."""
+"""OpenAI request bodies, validated. Unknown fields are refused (400), never silently ignored.
+
+The bodies here are what every client sends: a text prompt, plain chat turns, the sampling
+fields, `response_format`. A room adds its own fields with `with_fields` (tools/' `tools` and
+`tool_choice`, harness/' token-id prompts and `prompt_logprobs`): its class comes first in the
+mixed body, so it may redefine a field and extend a method (`chat_prompt`, `grammars`,
+`response_shape`) with `super()`.
+"""
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, create_model, model_validator
 
 from course.s01_decode_loop.sampling import SamplingParams
 
-from .harness.fields import HarnessCompletionFields, PromptLogprobsField
-from .tools.protocol import Message, TextPart, ToolFields  # noqa: F401  (the chat roles and tool fields)
+from .responses import Shape
 
 MAX_N = 16           # choices per request
 MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
@@ -37,6 +43,11 @@ def find_lone_surrogate(value) -> str | None:
         elif isinstance(v, list):
             stack.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
     return None
+
+
+def with_fields(body: type[BaseModel], *fields: type[BaseModel]) -> type[BaseModel]:
+    """`body` with the `fields` classes mixed in front of it: their fields, validators and methods."""
+    return create_model(body.__name__, __base__=(*fields, body), __module__=body.__module__) if fields else body
 
 
 class StreamOptions(BaseModel):
@@ -109,6 +120,18 @@ class _Common(BaseModel):
         """None: no logprobs; k: the chosen token's and the k most likely."""
         raise NotImplementedError
 
+    def uses_grammar(self) -> bool:
+        """Whether every choice is held to a grammar (known before it is compiled)."""
+        return self.response_format is not None and self.response_format.type != "text"
+
+    async def grammars(self, cache, n: int, max_tokens: int) -> list | None:
+        """One logits processor per choice, from the server's GrammarCache (None: unconstrained)."""
+        return await cache.processors(self.response_format, n, max_tokens)
+
+    def response_shape(self) -> type[Shape]:
+        """The JSON the answer and its stream chunks take."""
+        return Shape
+
     def sampling_params(self, max_tokens: int) -> list[SamplingParams]:
         """One SamplingParams per choice. With a seed, choice i uses seed + i (as vLLM does):
         reproducible, yet the n choices differ."""
@@ -121,14 +144,40 @@ class _Common(BaseModel):
                 for i in range(self.n)]
 
 
-class CompletionRequest(HarnessCompletionFields, _Common):  # prompt, max_tokens, echo: harness/fields.py
+class CompletionRequest(_Common):
+    prompt: str
+    max_tokens: int = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
 
-class ChatRequest(PromptLogprobsField, ToolFields, _Common):  # tools, tool_choice: tools/protocol.py
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    """One chat turn. `developer` is OpenAI's newer name for `system`."""
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]  # guidellm and others send a list of parts
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def for_template(self) -> dict:
+        """The turn as a chat template reads it (`developer` is sent as `system` to every template)."""
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": self.text()} | ({"name": self.name} if self.name else {})
+
+
+class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -143,3 +192,7 @@ class ChatRequest(PromptLogprobsField, ToolFields, _Common):  # tools, tool_choi
 
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def chat_prompt(self, tokenizer) -> tuple[list[dict], list[dict] | None]:
+        """(messages, tools) for the chat template: each turn's role and text, no tools."""
+        return [m.for_template() for m in self.messages], None

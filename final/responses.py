@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import TYPE_CHECKING
 
 from .engine_client import EventStream
 from .errors import error_body
-from .protocol import StreamOptions
+
+if TYPE_CHECKING:  # protocol.py's bodies name their Shape
+    from .protocol import StreamOptions
 
 
 class Choice:

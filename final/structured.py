@@ -1,6 +1,12 @@
-"""`response_format` for the server: JSON Schema -> compiled grammar -> one logits processor per
-choice (stage 08). Compiled grammars are cached by schema, since clients send the same schema
-again and again and compiling precomputes masks over the whole vocabulary (seconds here).
+"""`response_format` for the server: JSON Schema -> grammar -> compiled grammar -> one logits
+processor per choice (stage 08). Compiled grammars are cached by schema, since clients send the
+same schema again and again and compiling precomputes masks over the whole vocabulary (seconds here).
+
+The JSON Schema front end is a room of stage 08 (json_schema/), so the cache is given it: a
+plug-in sets `schema_grammar`, `(schema, strict, budget) -> Grammar` (cli.py's plugs in stage
+08's `json_schema_to_grammar`); without one a `response_format` gets a 400 that says so. A
+plug-in may also give `narrow`, each processor's mask narrower (stage 08's CloseOnBudget: the
+JSON closes before max_tokens runs out, so the answer ends with finish_reason "stop").
 
 A schema is the client's input, so what it may cost is bounded: stage 08's CompileBudget
 refuses oversized or too-deep schemas at once and stops a compile at its deadline (both a 400
@@ -9,17 +15,9 @@ and a compile whose client left, or that a shutdown interrupts, is cancelled, no
 
 Which keywords are enforced: OpenAI's `json_schema.strict: true` asks for output that follows
 the schema exactly, so a schema with a keyword no grammar enforces (uniqueItems, ...) is
-refused (400, stage 08's strict mode). Otherwise the server is best-effort: it enforces what it
-can, relaxes the rest, and says what it relaxed in the response header
+refused (400). Otherwise the compiler may be best-effort: enforce what it can, relax the rest,
+and list what it relaxed in `grammar.warnings`, which the server sends in the response header
 `x-structured-output-warnings` (a JSON list of {keyword, at, relaxed_to}), streamed or not.
-
-Answers that finish: in best-effort mode, strings, numbers and arrays the schema
-leaves unbounded get serving defaults (stage 08's SERVING_BOUNDS: 64 characters, 16 digits,
-16 items; each one applied is listed in the same header, kind "default-bound"), and every
-processor closes on budget: when the tokens left in max_tokens are about what the shortest
-way to close the JSON needs, only tokens that still let it close are allowed, so the answer
-ends with finish_reason "stop" instead of being cut ("length" still means it was cut). Strict
-mode gets neither bounds nor any change to its language; it does close on budget.
 """
 from __future__ import annotations
 
@@ -29,11 +27,12 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
+from typing import Callable
+
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
-from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, DefaultBounds, json_schema_to_grammar
+from course.s08_structured.grammar import Grammar
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
-from course.s08_structured.serving.closing import CloseOnBudget
 from course.s08_structured.vocab import TokenizerInfo
 
 from .engine_client import ShuttingDownError
@@ -42,20 +41,19 @@ ANY_OBJECT = {"type": "object"}
 WARNINGS_HEADER = "x-structured-output-warnings"
 
 
-def cache_key(schema, mode: str = BEST_EFFORT, bounds: DefaultBounds | None = None) -> str | None:
-    """The mode, the default bounds and the schema as canonical JSON; None for a schema too deep
-    to serialise (the compile refuses it)."""
+def cache_key(schema, strict: bool) -> str | None:
+    """The mode and the schema as canonical JSON; None for a schema too deep to serialise (the
+    compile refuses it)."""
     try:
-        return mode + " " + json.dumps(bounds.to_json() if bounds and mode == BEST_EFFORT else None) + " " + \
-            json.dumps(schema, sort_keys=True)
+        return ("strict " if strict else "best-effort ") + json.dumps(schema, sort_keys=True)
     except RecursionError:
         return None
 
 
-def mode_of(response_format) -> str:
+def is_strict(response_format) -> bool:
     """`strict: true` (OpenAI's flag) refuses what cannot be enforced; anything else is best-effort."""
     fmt = response_format.json_schema
-    return STRICT if fmt is not None and fmt.strict else BEST_EFFORT
+    return bool(fmt is not None and fmt.strict)
 
 
 def warning_headers(processors) -> dict[str, str]:
@@ -66,10 +64,10 @@ def warning_headers(processors) -> dict[str, str]:
 
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
-                 timeout_s: float | None = 20.0, default_bounds: DefaultBounds | None = SERVING_BOUNDS,
-                 close_on_budget: bool = True):
-        self.default_bounds, self.close_on_budget = default_bounds, close_on_budget
-        self.narrow = CloseOnBudget() if close_on_budget else None   # each processor's mask narrower
+                 timeout_s: float | None = 20.0):
+        # given by a plug-in: the JSON Schema front end, and each processor's mask narrower
+        self.schema_grammar: Callable[[dict | bool, bool, CompileBudget], Grammar] | None = None
+        self.narrow = None
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
         self._info: TokenizerInfo | None = None
@@ -108,14 +106,14 @@ class GrammarCache:
                          max_tokens: int | None = None) -> list[GrammarLogitsProcessor] | None:
         """None for plain text; else n fresh processors sharing one compiled grammar. A schema seen
         before is answered from the cache on the event loop, never queued behind a compile.
-        With `max_tokens` (and close_on_budget) the processors close the JSON before it runs out."""
+        With `max_tokens` (and a narrower) the processors close the JSON before it runs out."""
         if response_format is None or response_format.type == "text":
             return None
+        if self.schema_grammar is None:
+            raise ValueError("response_format: this server was started without a JSON Schema compiler")
         schema = ANY_OBJECT if response_format.type == "json_object" else response_format.json_schema.schema_
-        mode = mode_of(response_format)
-        key = cache_key(schema, mode, self.default_bounds)
-        compiled = await self.compiled(key, lambda b: json_schema_to_grammar(  # bounds: best-effort only
-            schema, budget=b, mode=mode, default_bounds=self.default_bounds))
+        strict, build = is_strict(response_format), self.schema_grammar
+        compiled = await self.compiled(cache_key(schema, strict), lambda budget: build(schema, strict, budget))
         return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, narrow=self.narrow) for _ in range(n)]
 
     async def compiled(self, key: str | None, build) -> CompiledGrammar:

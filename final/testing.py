@@ -18,9 +18,10 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from .async_engine import AsyncEngine
+from .cli import assemble_app
 from .engine import Engine, SpeculativeConfig
 from .metrics import ServerMetrics
-from .server import ServerLimits, build_app
+from .server import ServerLimits
 from .shutdown import GracefulServer
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
@@ -73,11 +74,12 @@ def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=N
 @contextlib.contextmanager
 def running_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None,
                    drain_timeout: float = 5.0, door=None):
-    """The app on a free localhost port, served by uvicorn in a thread, as a user would run it.
-    Yields (base URL, the GracefulServer: `server.handle_exit(signal.SIGTERM, None)` is what a
-    SIGTERM does); stops the server and the engine on exit."""
+    """The full app (cli.py's assemble_app, every room plugged in) on a free localhost port, served
+    by uvicorn in a thread, as a user would run it. Yields (base URL, the GracefulServer:
+    `server.handle_exit(signal.SIGTERM, None)` is what a SIGTERM does); stops the server and the
+    engine on exit. `door`: API keys (security/)."""
+    app = assemble_app(engine, tokenizer, model_name, limits, door)  # the plug-ins hook in before the engine runs
     engine.start()
-    app = build_app(engine, tokenizer, model_name, limits, door)  # door: API keys (security/)
     srv = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                         timeout_graceful_shutdown=2),
                          engine, drain_timeout, on_drain=app.state.grammars.cancel_all)

@@ -233,6 +233,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default="/tmp", help="where vLLM's client gets its ShareGPT file")
 
 
+def row_name(server: str) -> str:
+    """A row's name: the server, then each of its flags with the value, e.g. "this server
+    --max-num-seqs 32" -> "this-server/max-num-seqs-32" (the README's keys pick rows by it)."""
+    return "/".join(part.replace(" ", "-") for part in server.split(" --"))
+
+
 def run_peers(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
@@ -261,7 +267,8 @@ def run_peers(args: argparse.Namespace) -> dict:
 
     def record(name: str, result: dict) -> None:
         total = result.get("standard_total_tok_s")
-        result = {"server": name, "share_of_ceiling": total / ceiling_tok_s if total else None} | result
+        result = {"name": row_name(name), "server": name,
+                  "share_of_ceiling": total / ceiling_tok_s if total else None} | result
         rows.append(result)
         print_row(result, flush=True)
 

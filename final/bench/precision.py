@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
         dtype, quantization = VARIANTS[name]
         loaded = fp32 if dtype == "float32" else load_model(dtype=getattr(torch, dtype))
         model = reference if (dtype, quantization) == ("float32", None) else engine_model(loaded, dtype, quantization)
-        row = {"variant": name, "dtype": dtype, "quantization": quantization,
+        row = {"name": name.replace(" ", "-"), "variant": name, "dtype": dtype, "quantization": quantization,
                "top1_agreement": sum(top1_agreement(reference, model, p, a) for p, a in zip(prompts, answers)) / len(prompts),
                "perplexity": perplexity(model, texts)}
         if not args.skip_speed:

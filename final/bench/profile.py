@@ -204,7 +204,7 @@ def profile(loaded, args, name: str) -> dict:
     floor = gemv_floor(engine.runner.model, rows=1) if name == "single" else None
     prompt_tokens = sum(len(p) for p, _ in work)
     output_tokens = sum(p.max_new_tokens for _, p in work)
-    return {"workload": name, "requests": len(work), "steps": steps, "seconds": wall,
+    return {"name": name, "workload": name, "requests": len(work), "steps": steps, "seconds": wall,
             "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
             "output_tok_s": output_tokens / wall, "total_tok_s": (prompt_tokens + output_tokens) / wall,
             "ms_per_step": 1e3 * wall / steps, "instrumented_ms_per_step": 1e3 * instrumented_wall / steps,

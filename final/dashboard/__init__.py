@@ -4,7 +4,8 @@
             <──GET /dashboard/events── SSE: one JSON snapshot per update (routes.py)
     notebook ─GET /v1/engine/state───> the latest snapshot, or one built on demand
 
-    engine thread, end of each loop turn: EngineWatch.turn (stage 04's watch/)
+    engine thread, end of each loop turn: EngineWatch.turn (stage 04's watch/, one of the
+                                         AsyncEngine's `after_turn` hooks: routes.py's plug_in)
         nobody watching ─> nothing (no clock on the step, no snapshot)
         a page open     ─> the step clock times the step's phases; at most ~5 times a second a
                            snapshot reads the scheduler and block pool
@@ -16,3 +17,4 @@ Read stage 04's watch/ first (what a snapshot holds, when one is built), then ro
 workers.py and static/dashboard.js. `python -m course.final serve --no-dashboard` leaves the
 routes out (404).
 """
+from .routes import plug_in  # noqa: F401  (the server's plug-in: the watch and the routes)

@@ -1,4 +1,4 @@
-"""The dashboard's routes, added to the server unless it runs with --no-dashboard.
+"""The dashboard's routes, plugged into the server (`plug_in`) unless it runs with --no-dashboard.
 
     GET /dashboard          the page (static/dashboard.html, plain JS: no build step)
     GET /dashboard/workers  {"workers": [names]}: a disaggregated server's worker engines, [] for one engine
@@ -21,7 +21,7 @@ from pathlib import Path
 from fastapi import FastAPI, Response
 from fastapi.responses import FileResponse, StreamingResponse
 
-from course.s04_continuous_batching.watch import EngineWatch, snapshot_events
+from course.s04_continuous_batching.watch import EngineWatch, may_join, snapshot_events
 
 from ..errors import error
 from .workers import add_worker_routes
@@ -29,6 +29,17 @@ from .workers import add_worker_routes
 STATIC = Path(__file__).parent / "static"
 KEEP_ALIVE_S = 1.0  # an idle stream sends a comment this often, so a gone client is noticed
 EVENT_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def plug_in(app: FastAPI, server) -> None:
+    """The dashboard on the server's engine (a build_app plug-in). An engine thread of this process
+    gets stage 04's watch after each loop turn (`after_turn`: it builds nothing while no page is
+    open); a disaggregated server relays its workers' snapshots instead."""
+    engine = server.engine
+    if not engine.workers:
+        engine.watch = watch = EngineWatch()
+        engine.after_turn.append(lambda llm: watch.turn(llm, engine.refused))
+    add_dashboard_routes(app, engine)
 
 
 def add_dashboard_routes(app: FastAPI, engine) -> None:
@@ -68,7 +79,7 @@ def add_dashboard_routes(app: FastAPI, engine) -> None:
     async def events(worker: str | None = None):
         if worker is not None:
             return error(404, "this server runs one engine: it has no workers to pick from")
-        if watch.watching >= watch.max_watchers:
+        if not may_join(watch):
             return error(429, f"{watch.max_watchers} dashboards are open already; close one")
         return StreamingResponse(snapshot_events(watch, lambda: engine.accepting, KEEP_ALIVE_S),  # a shutdown ends it
                                  media_type="text/event-stream", headers=EVENT_HEADERS)

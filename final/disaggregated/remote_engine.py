@@ -224,7 +224,7 @@ class RemoteEngine(EngineClient):
 # ---- `python -m course.final serve --disaggregated` ------------------------------------------------
 # The local engine's options the workers do not take: refused with --disaggregated, never ignored.
 LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "gpu_memory_utilization", "attention_backend", "cuda_graphs",
-              "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization",
+              "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization", "overlap",
               "speculative_method",
               "num_speculative_tokens", "speculative_disable_by_batch_size", "scheduling_policy", "cost_model",
               "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation"]
@@ -248,9 +248,10 @@ def check_flags(args: argparse.Namespace, defaults: dict) -> None:
         raise ValueError("need --prefill >= 1 and --decode >= 1, or --replicas >= 1")
 
 
-def serve_disaggregated(args: argparse.Namespace) -> int:
+def serve_disaggregated(args: argparse.Namespace, assemble_app) -> int:
     """Start the workers (stage 07's Topology), serve the OpenAI API over them until Ctrl-C or
-    SIGTERM (a drain, as the local server's), then stop the workers, whatever happened."""
+    SIGTERM (a drain, as the local server's), then stop the workers, whatever happened.
+    `assemble_app`: cli.py's, the app with every room's plug-in."""
     from transformers import AutoTokenizer
 
     from course.s01_decode_loop.config import ModelConfig
@@ -260,7 +261,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
 
     from ..launch.kv_pool import num_kv_blocks, parse_size
     from ..security.options import door_from_args, uvicorn_options
-    from ..server import ServerLimits, build_app
+    from ..server import ServerLimits
     from ..shutdown import serve_until_stopped
 
     try:
@@ -302,7 +303,7 @@ def serve_disaggregated(args: argparse.Namespace) -> int:
                                   WorkerSizes(tokenizer, eos, max_len, blocks, args.block_size),
                                   ServerMetrics(name), max_in_flight=args.max_waiting)
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-            app = build_app(engine, tokenizer, name, limits, door)
+            app = assemble_app(engine, tokenizer, name, limits, door, not args.no_dashboard)
             signal.signal(signal.SIGTERM, previous)  # uvicorn installs its own (a drain) from here
             try:
                 serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout,

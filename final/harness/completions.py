@@ -1,4 +1,5 @@
-"""/v1/completions as evaluation harnesses call it, on top of the server's one-prompt `respond`.
+"""/v1/completions as evaluation harnesses call it, on top of the server's one-prompt `respond`
+(`Server.complete` and `Server.answer_chat`, taken over by this room's plug-in).
 
 lm-evaluation-harness's `local-completions` scores a continuation by sending the context and
 continuation as one prompt with `echo: true, logprobs: 1` and a short or zero `max_tokens`,
@@ -52,11 +53,12 @@ def answer_of(result) -> tuple[dict | None, dict]:
 
 
 class Completions:
-    """The completions route: the plain case goes straight to `respond`, the rest prompt by prompt."""
+    """The completions route's answer, and the chat route's with prompt logprobs: the plain case
+    goes straight to the server's `respond`, the rest prompt by prompt."""
 
-    def __init__(self, engine, tokenizer, respond, off_loop, check_length):
-        self.engine, self.tokenizer, self.respond = engine, tokenizer, respond
-        self.off_loop, self.check_length = off_loop, check_length
+    def __init__(self, server):
+        self.engine, self.tokenizer, self.respond = server.engine, server.tokenizer, server.respond
+        self.off_loop, self.check_length = server.off_loop, server.check_length
 
     async def __call__(self, body):
         prompts = prompts_of(body.prompt)

@@ -9,8 +9,8 @@ anyway already holds every answer:
     predicts  t1    t2    t3    next
               '-- prompt logprobs --'
 
-The engine keeps every row's final hidden state (stage 06's `last_hidden`); one hook in
-`Engine._run` hands each step's rows here. For a request that asked, the rows of its prompt go
+The engine keeps every row's final hidden state (stage 06's `last_hidden`); the engine's
+`after_forward` hooks hand each step's rows here. For a request that asked, the rows of its prompt go
 through the LM head and a log-softmax, chunk by chunk, however many steps its prefill takes.
 The answer lands in the request's `ScoredParams.rows`, complete before its first token is sent.
 
@@ -69,14 +69,15 @@ class ScoringBlocks(BlockManager):
 
 
 class PromptLogprobs:
-    """The engine's prompt scorer. Built empty-handed (no request asks) it costs one isinstance
-    per chunk per step."""
+    """The engine's prompt scorer, hooked into `engine` (final/engine.py's Engine, before its first
+    step). While no request asks it costs one isinstance per chunk per step."""
 
     def __init__(self, engine):
         self.engine = engine
         # the scheduler asks the block manager about a request by its token ids only (and may have
         # taken it off the waiting queue already): find it among the engine's requests
         engine.blocks = engine.scheduler.blocks = ScoringBlocks(engine.blocks, self._scores)
+        engine.after_forward.append(self.collect)
 
     def _scores(self, token_ids: list[int]) -> bool:
         return any(req.all_ids is token_ids and asks(req) for req in self.engine.requests.values())

@@ -47,12 +47,14 @@ class Detokenize(TokenizerBody):
     tokens: list[StrictInt]
 
 
-def add_token_routes(app, tokenizer, engine, off_loop, check_length) -> None:
-    max_len, vocab = engine.limits.max_model_len, engine.limits.vocab_size
+def add_token_routes(app, server) -> None:
+    """The two routes on `app`, with the tokenizer, limits and text thread of `server` (server.py's Server)."""
+    tokenizer, off_loop, check_length = server.tokenizer, server.off_loop, server.check_length
+    max_len, vocab = server.engine.limits.max_model_len, server.engine.limits.vocab_size
 
     def tokenize(body: TokenizeCompletion | TokenizeChat) -> list[int]:
         text = body.prompt if isinstance(body, TokenizeCompletion) else tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.text()} for m in body.messages], tokenize=False,
+            [m.for_template() for m in body.messages], tokenize=False,
             add_generation_prompt=body.add_generation_prompt, continue_final_message=body.continue_final_message)
         return tokenizer(text, add_special_tokens=body.add_special_tokens).input_ids
 

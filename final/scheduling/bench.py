@@ -21,7 +21,7 @@ from course.s04_continuous_batching.engine import EngineConfig
 
 from .cost_model import MEASURED_CPU, gpu_like, load
 from .policies import POLICIES, MLFQConfig, make_policy
-from .metrics import percentile, plot, quantiles, summarize
+from .metrics import percentile, quantiles, summarize
 from .simulator import TraceRequest, simulate
 from .traces import poisson_trace, sharegpt_lengths
 
@@ -31,6 +31,11 @@ SETUPS = {  # cost model, engine sizes, MLFQ quanta
     "gpu-like (derived)": (gpu_like, EngineConfig(num_blocks=6900, block_size=16, max_num_seqs=256,
                                                   max_num_batched_tokens=2048), MLFQConfig(base_quantum_s=0.010)),
 }
+
+
+def run_name(setup: str, load_: float, policy: str) -> str:
+    """A simulated run's name, e.g. "cpu/load=0.9/mlfq" (the README's keys pick runs by it)."""
+    return f"{setup.split()[0]}/load={load_:g}/{policy}"
 
 
 def with_priorities(trace: list[TraceRequest]) -> list[TraceRequest]:
@@ -62,7 +67,8 @@ def simulated_runs(lengths, loads: list[float], seed: int, setups: list[str], po
                 start = time.perf_counter()
                 result = simulate(trace, cost, config, make_policy(policy, cost, mlfq))
                 wall = time.perf_counter() - start
-                runs.append({"cost_model": name, "num_blocks": config.num_blocks, "load": load_, "rate": load_ * full, "policy": policy,
+                runs.append({"name": run_name(name, load_, policy), "cost_model": name, "num_blocks": config.num_blocks,
+                             "load": load_, "rate": load_ * full, "policy": policy,
                              "summary": summarize(result.completions, cost, short), "steps": result.steps,
                              "preemptions": result.preemptions, "pauses": result.pauses, "sim_seconds": wall,
                              "jct_quantiles_s": quantiles([c.jct_s for c in result.completions])})
@@ -103,7 +109,10 @@ def run(args: argparse.Namespace) -> dict:
         result["simulated"] = simulated_runs(lengths, args.loads, args.seed, args.setups, args.policies,
                                              args.mlfq_starvation, args.num_blocks)
         if args.plot:
-            plot(result["simulated"], args.plot)
+            import matplotlib
+            matplotlib.use("Agg")
+            from .plots import plot_runs
+            plot_runs(result["simulated"]).savefig(args.plot, dpi=110)
     if args.real:
         from .bench_real import real_runs
         result["real"] = real_runs(loaded, args.real, args.real_load, args.seed)

@@ -1,5 +1,5 @@
 """What a schedule did to its requests: job completion time (JCT), TTFT, and head-of-line
-blocking, summarised for the scheduling benchmark, and its plot."""
+blocking, summarised for the scheduling benchmark (plots.py draws and tabulates the runs)."""
 from __future__ import annotations
 
 import statistics
@@ -37,33 +37,3 @@ def quantiles(values: list[float], points: int = 201) -> list[float]:
     """The distribution in `points` evenly spaced percentiles (a CDF small enough to store)."""
     return [percentile(values, 100 * i / (points - 1)) for i in range(points)]
 
-
-def plot(runs: list[dict], out: str) -> None:
-    """Per cost model: JCT CDFs at the highest load, and mean / p99 JCT against load."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(dict.fromkeys(r["cost_model"] for r in runs))
-    fig, axes = plt.subplots(len(models), 2, figsize=(11, 4 * len(models)), squeeze=False)
-    for row, model in zip(axes, models):
-        mine = [r for r in runs if r["cost_model"] == model]
-        top = max(r["load"] for r in mine)
-        for r in mine:
-            if r["load"] == top:
-                q = r["jct_quantiles_s"]
-                row[0].plot(q, [i / (len(q) - 1) for i in range(len(q))], label=r["policy"])
-        row[0].set(xscale="log", xlabel="JCT (s)", ylabel="fraction of requests",
-                   title=f"{model}: JCT CDF at load {top}")
-        for policy in dict.fromkeys(r["policy"] for r in mine):
-            pts = sorted((r["load"], r["summary"]) for r in mine if r["policy"] == policy)
-            line, = row[1].plot([p[0] for p in pts], [p[1]["jct_mean_s"] for p in pts], "o-", label=f"{policy} mean")
-            row[1].plot([p[0] for p in pts], [p[1]["jct_p99_s"] for p in pts], "x--", color=line.get_color(),
-                        label=f"{policy} p99")
-        row[1].set(yscale="log", xlabel="load (arrival rate / FCFS capacity)", ylabel="JCT (s)",
-                   title=f"{model}: JCT against load")
-        for ax in row:
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)

@@ -89,3 +89,9 @@ def protect(app, door: Door | None) -> None:
     app.state.door = door = door or Door()
     if door.keys:
         app.add_middleware(ApiKeyCheck, door=door)
+
+
+def guard(door: Door | None):
+    """A build_app plug-in that puts `door` in front of everything the app serves. Plug it in last:
+    the middleware added last is the outermost, so a refused request is answered before any other."""
+    return lambda app, server: protect(app, door)

@@ -315,7 +315,7 @@ def test_hardening_tokenizing_runs_off_the_event_loop(server, monkeypatch):
         async with httpx.AsyncClient(base_url=url, timeout=30) as http:
             slow = asyncio.create_task(http.post(COMPLETIONS, json={"prompt": "slow", "max_tokens": 2}))
             await asyncio.to_thread(entered.wait, 10)
-            health = await http.get("/health", timeout=2)
+            health = await http.get("/health", timeout=5)  # the stuck tokenizer waits 10 s: a blocked loop fails
             release.set()
             return health, await slow
     health, slow = asyncio.run(scenario())

@@ -56,7 +56,8 @@ def test_cli_kernel_defaults_follow_the_device(device, threads, flags, want, mon
                               quantization=None)
     for key, value in flags.items():
         setattr(args, key, value)
-    assert kernel_options(args) == {"quantization": None, "overlap": device == "cuda"} | want
+    assert kernel_options(args) == {"quantization": None, "overlap": device == "cuda",
+                                    "triton_kernels": "gpu" if device == "cuda" else "lesson"} | want
 
 
 def test_without_a_c_compiler_the_server_keeps_the_torch_backend(tmp_path, monkeypatch):

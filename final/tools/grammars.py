@@ -15,24 +15,15 @@ import asyncio
 import json
 
 from course.s08_structured.generate import GrammarLogitsProcessor
+from course.s08_structured.json_schema import SERVING_BOUNDS
 from course.s08_structured.tools import Function, LazyGrammarLogitsProcessor, TriggerTokens, tool_call_grammar
 from course.s08_structured.tools.calls import NO_PARAMETERS
 
 _TRIGGERS: dict[int, tuple[object, TriggerTokens]] = {}  # per vocabulary (kept alive with it)
 
 
-def tool_mode(body) -> str | None:
-    return body.tool_mode() if hasattr(body, "tool_mode") else None
-
-
-def uses_grammar(body) -> bool:
-    """Whether the request's choices are held to a grammar (known before it is compiled)."""
-    fmt = body.response_format
-    return tool_mode(body) in ("auto", "required", "named") or (fmt is not None and fmt.type != "text")
-
-
 def functions_of(body) -> list[Function]:
-    named = body.tool_choice.function.name if tool_mode(body) == "named" else None
+    named = body.tool_choice.function.name if body.tool_mode() == "named" else None
     return [Function(t.function.name, NO_PARAMETERS if t.function.parameters is None else t.function.parameters,
                      bool(t.function.strict)) for t in body.tools if named in (None, t.function.name)]
 
@@ -43,20 +34,19 @@ def trigger_tokens(info) -> TriggerTokens:
     return _TRIGGERS[id(info)][1]
 
 
-async def grammars_for(cache, body, n: int, max_tokens: int) -> list | None:
-    """One logits processor per choice (None: unconstrained). `cache`: the server's GrammarCache."""
-    mode = tool_mode(body)
-    if mode in (None, "none"):
-        return await cache.processors(body.response_format, n, max_tokens)
+async def call_grammars(cache, body, n: int, max_tokens: int) -> list:
+    """One logits processor per choice of a request that may call tools (auto, required, named).
+    `cache`: the server's GrammarCache (its narrower closes the calls before max_tokens runs out)."""
+    mode = body.tool_mode()
     functions = functions_of(body)
     parallel, lazy = body.parallel_tool_calls and mode != "named", mode == "auto"
     try:
         key = "tools " + json.dumps([[f.name, f.parameters, f.strict] for f in functions], sort_keys=True) + \
-              f" {parallel} {lazy} " + json.dumps(cache.default_bounds.to_json() if cache.default_bounds else None)
+              f" {parallel} {lazy}"
     except RecursionError:
         key = None  # too deep to serialise: the compile refuses it by its depth limit
     compiled = await cache.compiled(key, lambda budget: tool_call_grammar(
-        functions, parallel=parallel, after_trigger=lazy, budget=budget, default_bounds=cache.default_bounds))
+        functions, parallel=parallel, after_trigger=lazy, budget=budget, default_bounds=SERVING_BOUNDS))
     if not lazy:
         return [GrammarLogitsProcessor(compiled, max_new_tokens=max_tokens, narrow=cache.narrow)
                 for _ in range(n)]

@@ -1,10 +1,15 @@
-"""The chat fields agents send: every role, tools, tool_choice. Unknown fields are refused, and
-each refusal names the field (a 400 in OpenAI's error shape)."""
+"""The chat fields agents send: every role, tools, tool_choice, mixed into the server's chat body
+(`plug_in`, with protocol.py's `with_fields`). Unknown fields are refused, and each refusal names
+the field (a 400 in OpenAI's error shape)."""
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..protocol import Message, TextPart
+from . import grammars, render
+from .shape import ToolShape
 
 MAX_TOOLS = 128      # functions per request; each one is compiled into the call grammar
 NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names (so a name needs no escaping)
@@ -12,11 +17,6 @@ NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function names (so a name n
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class TextPart(_Strict):
-    type: Literal["text"]
-    text: str
 
 
 class FunctionCall(_Strict):
@@ -30,10 +30,10 @@ class ToolCall(_Strict):
     function: FunctionCall
 
 
-class Message(_Strict):
+class ToolMessage(Message):
+    """A chat turn of an agent's conversation: a `tool` result, or an assistant's earlier calls."""
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # guidellm and others send a list of parts
-    name: str | None = None
+    content: str | list[TextPart] | None = None
     tool_calls: list[ToolCall] | None = None      # an assistant's earlier calls
     tool_call_id: str | None = None               # a tool's result answers this call
 
@@ -46,11 +46,6 @@ class Message(_Strict):
         if self.content is None and not (self.role == "assistant" and self.tool_calls):
             raise ValueError("content: required, except in an assistant message with tool_calls")
         return self
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class FunctionDef(_Strict):
@@ -75,7 +70,8 @@ class NamedToolChoice(_Strict):
 
 
 class ToolFields(BaseModel):
-    """The tool fields of a chat request (ChatRequest inherits them)."""
+    """The tool fields of a chat request, and what they change: the prompt, the grammar, the answer."""
+    messages: list[ToolMessage] = Field(min_length=1)
     tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -102,3 +98,20 @@ class ToolFields(BaseModel):
         if isinstance(self.tool_choice, NamedToolChoice):
             return "named"
         return self.tool_choice or "auto"
+
+    def calls_tools(self) -> bool:
+        return self.tool_mode() in ("auto", "required", "named")
+
+    def chat_prompt(self, tokenizer) -> tuple[list[dict], list[dict] | None]:
+        return render.chat_prompt(self, tokenizer)  # roles, tools and their results
+
+    def uses_grammar(self) -> bool:
+        return self.calls_tools() or super().uses_grammar()
+
+    async def grammars(self, cache, n: int, max_tokens: int) -> list | None:
+        if not self.calls_tools():
+            return await super().grammars(cache, n, max_tokens)
+        return await grammars.call_grammars(cache, self, n, max_tokens)
+
+    def response_shape(self):
+        return ToolShape if self.calls_tools() else super().response_shape()  # tagged text becomes tool_calls

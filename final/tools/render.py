@@ -43,8 +43,8 @@ def chat_prompt(body, tokenizer) -> tuple[list[dict], list[dict] | None]:
     native = knows_tools(tokenizer)
     messages = []
     for m in body.messages:
-        role, text = ("system" if m.role == "developer" else m.role), m.text()
-        message = {"role": role, "content": text} | ({"name": m.name} if m.name else {})
+        message = m.for_template()
+        role, text = message["role"], message["content"]
         if m.tool_calls and native:
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments(c.function.arguments)}} for c in m.tool_calls]

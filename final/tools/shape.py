@@ -8,7 +8,6 @@ carries its index, id, type and name; its arguments follow in pieces under the s
 from __future__ import annotations
 
 from ..responses import Shape
-from .grammars import tool_mode
 from .parse import ToolCallParser, parse_whole
 
 
@@ -37,7 +36,3 @@ class ToolShape(Shape):
             out["finish_reason"] = "tool_calls"
         return out
 
-
-def shape_for(body) -> type[Shape]:
-    """The response shape: with tools offered (and tool_choice not none), tagged text becomes tool_calls."""
-    return ToolShape if tool_mode(body) in ("auto", "required", "named") else Shape

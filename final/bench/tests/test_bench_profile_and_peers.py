@@ -105,3 +105,23 @@ def test_sharegpt_file_is_what_vllms_loader_reads(tmp_path, monkeypatch):
     assert data == [{"conversations": c} for c in conversations]
     monkeypatch.setattr(peer_clients, "load_conversations", lambda: pytest.fail("read again"))
     assert peer_clients.sharegpt_file(str(tmp_path)) == path
+
+
+def test_the_stored_rows_carry_the_names_their_writers_give():
+    """The README picks rows by name: a rerun of each benchmark names its rows as the stored ones."""
+    import json
+    from pathlib import Path
+
+    from course.final.bench.peers import row_name
+    from course.final.scheduling.bench import run_name
+    results = Path(__file__).parents[2] / "results"
+    rows = lambda name, key: json.loads((results / name).read_text())[key]  # noqa: E731
+    assert [row_name(r["server"]) for r in rows("peers.json", "rows")] == [r["name"] for r in rows("peers.json", "rows")]
+    assert row_name("this server --max-num-seqs 32 --kv-blocks 512") == "this-server/max-num-seqs-32/kv-blocks-512"
+    assert [r["variant"].replace(" ", "-") for r in rows("precision_2core_cpu.json", "rows")] == \
+        [r["name"] for r in rows("precision_2core_cpu.json", "rows")]
+    assert [r["workload"] for r in rows("profile.json", "results")] == [r["name"] for r in rows("profile.json", "results")]
+    for name in ("scheduling_sim.json", "scheduling_pool_512_blocks.json", "scheduling_pool_1024_blocks.json"):
+        runs = rows(name, "simulated")
+        assert [run_name(r["cost_model"], r["load"], r["policy"]) for r in runs] == [r["name"] for r in runs]
+    assert run_name("gpu-like (derived)", 1.0, "fcfs") == "gpu-like/load=1/fcfs"

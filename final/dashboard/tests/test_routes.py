@@ -1,7 +1,6 @@
 """The dashboard's routes on a live tiny server: /v1/engine/state, the event stream (bounded,
 closed when the client leaves), the flag that turns them off, the API key, the fuzzer."""
 import asyncio
-import json
 import threading
 import time
 
@@ -9,6 +8,7 @@ import httpx
 from course.final.security.api_key import Door
 from course.final.stress.fuzz import run_fuzz
 from course.final.testing import live_server, running_server, start_cli_server, stop_cli_server, tiny_engine
+from course.s04_continuous_batching.watch import read_snapshots
 
 ROUTES = ("/dashboard", "/dashboard/dashboard.js", "/dashboard/events", "/v1/engine/state")
 
@@ -18,11 +18,10 @@ def read_events(url: str, count: int, headers=None) -> list[dict]:
     out = []
     with httpx.stream("GET", url + "/dashboard/events", headers=headers, timeout=10) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                out.append(json.loads(line[6:]))
-                if len(out) == count:
-                    break
+        for snapshot in read_snapshots(r.iter_lines()):
+            out.append(snapshot)
+            if len(out) == count:
+                break
     return out
 
 
@@ -78,8 +77,8 @@ def test_events_stream_snapshots_and_stop_when_the_client_leaves(byte_tok):
 
 def test_events_are_bounded_per_client_and_in_number_of_clients(byte_tok):
     engine = tiny_engine(byte_tok)
-    engine.watch.max_watchers = 1
     with live_server(engine, byte_tok) as url:
+        engine.watch.max_watchers = 1
         with httpx.stream("GET", url + "/dashboard/events", timeout=10) as slow:  # opened, never read
             assert slow.status_code == 200
             assert wait_until(lambda: engine.watch.watching == 1)
@@ -95,7 +94,7 @@ def test_the_stream_ends_when_the_server_shuts_down(byte_tok):
     with running_server(engine, byte_tok) as (url, server):
         with httpx.stream("GET", url + "/dashboard/events", timeout=10) as r:
             lines = r.iter_lines()
-            next(line for line in lines if line.startswith("data: "))
+            next(read_snapshots(lines))
             engine.accepting = False  # what a SIGTERM's drain does first
             rest = []
             for line in lines:  # ends: the server closes the stream within a second or two

@@ -2,7 +2,6 @@
 stage 07's worker processes, as a user runs it (a real process, a real port), against the
 unified server on the same model folder."""
 import contextlib
-import json
 import re
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from course.final.async_engine import AsyncEngine
 from course.final.metrics import ServerMetrics
 from course.s01_decode_loop.testing import byte_tokenizer, save_hf_folder, tiny_model
 from course.s01_decode_loop.weights import load_model
+from course.s04_continuous_batching.watch import read_snapshots
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 from course.s07_disaggregated.testing import alive, settled, stop_front_and_workers
 
@@ -172,10 +172,9 @@ def test_the_dashboard_shows_each_workers_engine(server):
     with httpx.stream("GET", server.url + "/dashboard/events?worker=decode-0", timeout=30) as events:
         with ThreadPoolExecutor(1) as pool:
             answer = pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=60)
-            for line in events.iter_lines():
-                if line.startswith("data: "):
-                    seen.append(json.loads(line[len("data: "):]))
-                if any(snap["num_running"] for snap in seen) or len(seen) > 50:
+            for snapshot in read_snapshots(events.iter_lines()):
+                seen.append(snapshot)
+                if snapshot["num_running"] or len(seen) > 50:
                     break
             assert answer.result().status_code == 200
     assert any(row["kind"] == "decode" for snap in seen for row in snap["running"])

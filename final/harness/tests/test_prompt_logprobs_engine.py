@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from course.final.engine import Engine, SpeculativeConfig
-from course.final.harness.prompt_logprobs import scored
+from course.final.harness.prompt_logprobs import PromptLogprobs, scored
 from course.s01_decode_loop.generate import next_token_logits
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import tiny_model
@@ -31,6 +31,7 @@ def test_prompt_rows_equal_a_full_forward_under_chunks_preemption_and_drafts(byt
     config = KernelEngineConfig(num_blocks=14, block_size=4, max_num_batched_tokens=12, cuda_graphs=graphs,
                                 graph_max_num_tokens=12)
     llm = Engine(model, byte_tok, config, [byte_tok.eos_token_id], SpeculativeConfig("lookup", 2))
+    PromptLogprobs(llm)  # what the harness plug-in hooks into the served engine
     prompts = [byte_tok(t).input_ids for t in ("abcabcabcabcabcabc", "the cat and the cat", "xyzxyzxyz xyz")]
     rows = [[] for _ in prompts]
     plain = SamplingParams(max_new_tokens=12, temperature=0, ignore_eos=True)
@@ -56,6 +57,7 @@ def test_a_scored_request_that_displaces_a_running_one_skips_the_cache(byte_tok)
     model = tiny_model("gqa_tied")
     config = KernelEngineConfig(num_blocks=32, block_size=4, max_num_seqs=1, max_num_batched_tokens=8)
     llm = Engine(model, byte_tok, config, [byte_tok.eos_token_id], policy=Priority())
+    PromptLogprobs(llm)
     ids = byte_tok("a prompt of some twenty tokens").input_ids
     plain = SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True)
     llm.generate([ids], plain)  # its blocks are cached now

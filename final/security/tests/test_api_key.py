@@ -137,9 +137,11 @@ def test_https_with_the_tls_flags(tmp_path, byte_tok):
     """The flags' files reach uvicorn: the server answers over TLS, and the key still applies."""
     key, cert = self_signed(tmp_path)
     door = door_from_args(parse("--api-key", "sk-tls", "--ssl-keyfile", key, "--ssl-certfile", cert), environ={})
-    from course.final.server import build_app
-    engine = tiny_engine(byte_tok).start()
-    config = uvicorn.Config(build_app(engine, byte_tok, "tiny", door=door), host="127.0.0.1", port=free_port(),
+    from course.final.cli import assemble_app
+    engine = tiny_engine(byte_tok)
+    app = assemble_app(engine, byte_tok, "tiny", door=door)
+    engine.start()
+    config = uvicorn.Config(app, host="127.0.0.1", port=free_port(),
                             log_level="warning", **uvicorn_options("127.0.0.1", door))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

@@ -16,7 +16,8 @@ from course.s08_structured.serving.closing import CloseOnBudget
 from course.s08_structured.tools import Function, LazyGrammarLogitsProcessor, tool_call_grammar
 from course.s08_structured.vocab import TokenizerInfo
 from course.final.engine import Engine
-from course.final.protocol import ChatRequest
+from course.final.protocol import ChatRequest, with_fields
+from course.final.tools.protocol import ToolFields
 from course.final.testing import CHAT_TEMPLATE
 from course.final.tools.parse import ToolCallParser, parse_whole
 from course.final.tools.render import chat_prompt
@@ -32,12 +33,13 @@ NATIVE = ("{% for t in tools or [] %}TOOL {{ t.function.name }}{{ '\\n' }}{% end
           "{% if m.tool_calls %}{% for c in m.tool_calls %}CALL {{ c.function.name }} {{ c.function.arguments.city }}"
           "{% endfor %}{% else %}{{ m.content }}{% endif %}{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}"
           "{{ '\\n' }}{% endfor %}")
+AgentChat = with_fields(ChatRequest, ToolFields)  # the chat body as the tools/ plug-in makes it
 
 
 def render(template: str) -> tuple[str, list]:
     tok = byte_tokenizer()
     tok.chat_template = template
-    messages, tools = chat_prompt(ChatRequest(messages=TURNS, tools=[TOOL]), tok)
+    messages, tools = chat_prompt(AgentChat(messages=TURNS, tools=[TOOL]), tok)
     return tok.apply_chat_template(messages, tools=tools, tokenize=False), messages
 
 
@@ -54,7 +56,7 @@ def test_the_default_lists_the_tools_in_the_system_turn_and_tags_calls_and_resul
     assert json.dumps(TOOL["function"]) in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
     assert messages[2]["content"] == '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
     assert messages[3]["content"] == '<tool_response>\n{"temp_c": 3}\n</tool_response>'
-    without_system = chat_prompt(ChatRequest(messages=TURNS[1:2], tools=[TOOL]), byte_tokenizer())[0]
+    without_system = chat_prompt(AgentChat(messages=TURNS[1:2], tools=[TOOL]), byte_tokenizer())[0]
     assert without_system[0]["role"] == "system" and "get_weather" in without_system[0]["content"]
 
 
