@@ -162,3 +162,21 @@ def test_every_listed_exception_is_still_needed():
     stale = [f"{f} -> {room}" for (f, room) in LESSON_IMPORTS_ROOM
              if room not in room_imports(ROOT / f, (ROOT / f).parent)]
     assert not stale, f"exceptions no file needs any more: {stale}"
+
+
+# a stage's lesson is read in an evening: its top-level files (the assemblers aside) stay within
+# a line budget, and its README within a word budget (docs/design.md, "A lesson core, then named rooms")
+LESSON_LINES = {"06_kernels_graphs": 1_500}  # the Triton + graphs lesson is denser than the rest
+LESSON_LINES_DEFAULT = 2_000
+README_WORDS = 3_000
+
+
+@pytest.mark.parametrize("folder", stage_folders() + [p for p in [ROOT / "final"] if p.is_dir()],
+                         ids=lambda p: p.name)
+def test_each_lesson_fits_its_budget(folder):
+    lines = sum(len(p.read_text().splitlines()) for p in lesson_files(folder))
+    budget = LESSON_LINES.get(folder.name, LESSON_LINES_DEFAULT)
+    assert lines <= budget, (f"{folder.name}'s top level is {lines} lines (budget {budget}): move what goes "
+                             "beyond the lesson into a named room")
+    words = len((folder / "README.md").read_text().split())
+    assert words <= README_WORDS, f"{folder.name}/README.md is {words} words (budget {README_WORDS})"
