@@ -21,7 +21,8 @@ tests/test_notebook_freshness.py recomputes both and fails when they differ from
                                                                   # its README quotes (else left as committed)
 
 The command executes the notebook top to bottom first, headless, as tests/test_notebooks.py
-does (quick mode by default: COURSE_QUICK=1; it also sets OMP_NUM_THREADS=1 unless you set it)
+does (quick mode by default: COURSE_QUICK=1, and OMP_NUM_THREADS=1 unless you set it; a full run
+uses every core, as a learner's would)
 but with matplotlib's inline backend, so the saved outputs keep their plots. It refuses to stamp
 a notebook that raised, and only then writes the outputs and the stamp. There is deliberately no way to stamp without executing.
 """
@@ -240,9 +241,9 @@ def execute(path: Path, quick: bool = True, timeout: int = 900, write_results: b
     # The inline backend, as Jupyter uses: plt.show() saves each figure into the notebook as a
     # PNG (under Agg it would draw nothing, and the saved notebook would have no plots).
     os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     if quick:
         os.environ["COURSE_QUICK"] = "1"  # fewer tokens, smaller sweeps; the kernel inherits it
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as a test worker's share of a busy machine
     else:
         os.environ.pop("COURSE_QUICK", None)
     if write_results:

@@ -25,6 +25,13 @@ from typing import Any, Callable
 import torch
 
 
+def cpu_threads() -> int:
+    """The threads torch should use: OMP_NUM_THREADS where it is set (an operator's choice, or a
+    share of a machine others work on too, as the parallel test runner sets it), else every core
+    the machine shows (torch's own default counts physical cores only)."""
+    return int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+
+
 def cpu_name() -> str:
     """The processor's model name (lscpu's), else what platform knows."""
     try:

@@ -19,12 +19,11 @@ warm-up, so prefill is in both.
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 
 from course.s01_decode_loop.generate import encode_prompt, next_token_logits
-from course.s01_decode_loop.bench.measure import bench_cli, median_of, timed
+from course.s01_decode_loop.bench.measure import bench_cli, cpu_threads, median_of, timed
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.weights import load_model
@@ -172,7 +171,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(cpu_threads())
     if args.verify_cost:
         if args.results:  # results/benchmark.json holds the method table; this mode only prints
             raise SystemExit("--verify-cost does not write results/benchmark.json; use --json PATH")

@@ -1,5 +1,7 @@
-"""The one percentile every benchmark and the dashboard report: numpy's default (linear
-interpolation between the closest ranks), q in 0..100, None for no values."""
+"""The harness's helpers: the one percentile every benchmark and the dashboard report (numpy's
+default, linear interpolation between the closest ranks, q in 0..100, None for no values) and the
+threads a benchmark or notebook gives torch."""
+import os
 import random
 
 import numpy as np
@@ -30,3 +32,11 @@ def test_results_are_stamped_with_machine_command_and_commit(tmp_path):
     else:     # a copy without git history says so rather than inventing one
         assert stamped["commit"] is None
     assert stamped["command"].startswith("python -m") and stamped["machine"]["cores"] >= 1
+
+
+def test_cpu_threads_takes_omp_num_threads_else_every_core(monkeypatch):
+    from course.s01_decode_loop.bench.measure import cpu_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert cpu_threads() == os.cpu_count()
