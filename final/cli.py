@@ -82,6 +82,7 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     print(f"device {device}, {str(dtype).removeprefix('torch.')}; " + describe_kernels(options, device, dtype),
           file=sys.stderr)
     speculative = SpeculativeConfig(args.speculative_method, args.num_speculative_tokens,
+                                    eagle_head=getattr(args, "speculative_model", None),
                                     disable_by_batch_size=args.speculative_disable_by_batch_size)
 
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
@@ -138,6 +139,8 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sp.add_argument("--speculative-method", choices=METHODS, default="none",
                     help="lookup: prompt lookup (vLLM's ngram); eagle: stage 05's EAGLE head (trained for SmolLM2-135M)")
     sp.add_argument("--num-speculative-tokens", type=int, default=4, help="drafts per request per step")
+    sp.add_argument("--speculative-model", metavar="HEAD",
+                    help="the EAGLE head file (default: stage 05's, trained for SmolLM2-135M-Instruct)")
     sp.add_argument("--speculative-disable-by-batch-size", type=int,
                     help="no speculation in steps with more running requests than this")
     sc = s.add_argument_group("scheduling (stage 04's seam; final/scheduling/policies.py)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Draft, Drafter
@@ -84,8 +85,40 @@ def make_source(method: str, target, eagle_head: str | Path | None = None) -> Dr
     if method == "lookup":
         return DraftSource(PromptLookupDrafter())
     path = Path(eagle_head or DEFAULT_HEAD)
+    check_eagle_head(path, target.config)
     try:
         head = EagleHead.load(path, target)
-    except (RuntimeError, OSError) as e:  # a head trained for another model, or no file
+    except (RuntimeError, OSError) as e:  # a damaged file
         raise ValueError(f"cannot load the EAGLE head {path} for this model: {e}") from None
     return EagleSource(head, target)
+
+
+TRAIN_A_HEAD = ("python -m course.s05_speculative.training.train_eagle --model MODEL --out head.safetensors`, "
+                "then `--speculative-model head.safetensors")
+
+
+def check_eagle_head(path: Path, config) -> None:
+    """Refuse, before loading, a head file that is missing or was trained for another model: its
+    shapes (hidden size, attention heads, draft token ids) must fit the model being served."""
+    if not path.is_file():
+        raise ValueError(f"cannot load the EAGLE head {path}: no such file; train one for your model with "
+                         f"`{TRAIN_A_HEAD}`")
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
+            top_id = int(f.get_tensor("draft_vocab").max()) if "draft_vocab" in shapes else None
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error for a file that is not one
+        raise ValueError(f"cannot load the EAGLE head {path}: not a safetensors file ({e})") from None
+    want = {"fc.weight": [config.hidden_size, 2 * config.hidden_size],
+            "layer.self_attn.q_proj.weight": [config.num_attention_heads * config.head_dim, config.hidden_size]}
+    problems = [f"{name} is {shapes.get(name)}, this model needs {shape}"
+                for name, shape in want.items() if shapes.get(name) != shape]
+    if top_id is not None and top_id >= config.vocab_size:
+        problems.append(f"it drafts token id {top_id}, this model's vocabulary has {config.vocab_size}")
+    if problems:
+        made_by = meta.get("command", "a training run for another model")
+        raise ValueError(f"cannot load the EAGLE head {path} for this model ({config.architecture}, hidden size "
+                         f"{config.hidden_size}, vocabulary {config.vocab_size}): the head was made by `{made_by}` "
+                         f"for a model whose shapes differ ({'; '.join(problems)}); train one for your model with "
+                         f"`{TRAIN_A_HEAD}`")

@@ -71,6 +71,10 @@ class Engine(LLMEngine):
         """`drafter` overrides the one `speculative.method` names (tests pass an oracle)."""
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=SpeculativeScheduler, **kwargs)
         self.speculative = speculative = speculative or SpeculativeConfig()
+        if speculative.method != "none" and speculative.num_speculative_tokens >= self.config.max_num_batched_tokens:
+            raise ValueError(f"num_speculative_tokens {speculative.num_speculative_tokens} leaves no room in a step of "
+                             f"{self.config.max_num_batched_tokens} tokens (a request verifies k drafts + 1 token); "
+                             f"use fewer than {self.config.max_num_batched_tokens}")
         # EAGLE borrows the embedding of the model passed in and the lm_head the engine runs, and
         # its own linears become what the engine's are (split over the cores, or int8: stage 06)
         if isinstance(drafter, Drafter):

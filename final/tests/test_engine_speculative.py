@@ -240,8 +240,23 @@ def test_eagle_with_a_draft_vocabulary_keeps_greedy_tokens_and_reproduces_sample
 
 
 def test_a_head_for_another_model_is_refused_clearly():
-    with pytest.raises(ValueError, match="cannot load the EAGLE head"):
+    with pytest.raises(ValueError, match="cannot load the EAGLE head") as refused:
         make_source("eagle", tiny_model("gqa_tied"))  # the committed head is SmolLM2-135M's
+    message = str(refused.value)
+    assert "hidden size" in message and "fc.weight is [576, 1152]" in message  # both models' shapes
+    assert "train_eagle" in message  # and how to make the right head
+
+
+def test_a_missing_head_says_how_to_train_one(tmp_path):
+    with pytest.raises(ValueError, match="no such file.*train_eagle"):
+        make_source("eagle", tiny_model("gqa_tied"), tmp_path / "head.safetensors")
+
+
+def test_more_drafts_than_a_step_holds_are_refused(byte_tok):
+    model = tiny_model("gqa_tied")
+    with pytest.raises(ValueError, match="leaves no room in a step of 8 tokens"):
+        Engine(model, byte_tok, KernelEngineConfig(num_blocks=16, block_size=4, max_num_batched_tokens=8),
+               speculative=SpeculativeConfig("lookup", num_speculative_tokens=8))
 
 
 @pytest.mark.slow
