@@ -24,6 +24,7 @@ from .launch.kernel_options import add_kernel_args, graph_options, kernel_option
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
+from .speculation.policy import CostModelPolicy
 from .security.api_key import Door, guard
 from .security.options import add_door_args, door_from_args, uvicorn_options
 from .metrics import ServerMetrics
@@ -96,6 +97,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                     record_steps=False, **graph_options(args, blocks), **options)
         llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+        if speculative.method != "none" and args.speculative_policy == "cost":
+            llm.draft_policy = CostModelPolicy(speculative.num_speculative_tokens)
         if tp:  # every rank builds the same runner and pool; each step is broadcast from here
             tp.attach(llm)
         warm_up(llm)
@@ -143,6 +146,9 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                     help="the EAGLE head file (default: stage 05's, trained for SmolLM2-135M-Instruct)")
     sp.add_argument("--speculative-disable-by-batch-size", type=int,
                     help="no speculation in steps with more running requests than this")
+    sp.add_argument("--speculative-policy", choices=["cost", "fixed"], default="cost",
+                    help="cost: each request's draft length per step from measured costs and its acceptance "
+                         "(final/speculation/); fixed: k for every request")
     sc = s.add_argument_group("scheduling (stage 04's seam; final/scheduling/policies.py)")
     sc.add_argument("--scheduling-policy", choices=POLICIES, default="fcfs",
                     help="fcfs; priority (vLLM's: the request's `priority`, lower first); mlfq (FastServe's skip-join MLFQ)")

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Draft, Drafter
-from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
+from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.prompt_lookup import PromptLookupDrafter
 
 
@@ -27,8 +27,12 @@ class DraftSource:
     def propose(self, req: Request, k: int) -> Draft:
         return self.drafter.propose(req.seq, k)
 
+    def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What `observe` reads of the step's forward, row for row (stage 05's Drafter.features_of)."""
+        return self.drafter.features_of(hidden)
+
     def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
-        """The target's final hidden states of positions start.. of `req`, all on kept tokens."""
+        """The target's features (`features_of`) of positions start.. of `req`, all on kept tokens."""
 
     def prune(self, alive: set[int]) -> None:
         """Drop whatever was kept for requests not in `alive` (finished, aborted, failed)."""
@@ -41,6 +45,21 @@ class EagleSource(DraftSource):
     def __init__(self, head: EagleHead, target):
         self.head, self.target = head, target
         self.per_request: dict[int, EagleDrafter] = {}
+        self.tapped_model = None  # the model whose forward leaves the layers an EAGLE-3 head reads
+
+    def tap(self, engine_model) -> None:
+        """Ask the model the engine runs (stage 06's fused copy, say) for the head's layers."""
+        if self.head.tap_layers:
+            engine_model.tap_layers = self.head.tap_layers
+            self.tapped_model = engine_model
+
+    def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tapped_model is None:
+            return hidden
+        tapped = self.tapped_model.tapped
+        if tapped is None or tapped.shape[0] != hidden.shape[0]:  # a path that ran without the taps
+            raise RuntimeError("the step's forward left no taps for its rows; the EAGLE-3 head cannot draft from it")
+        return tapped
 
     def _drafter(self, req: Request) -> EagleDrafter:
         drafter = self.per_request.get(req.request_id)
@@ -84,41 +103,28 @@ def make_source(method: str, target, eagle_head: str | Path | None = None) -> Dr
         return None
     if method == "lookup":
         return DraftSource(PromptLookupDrafter())
-    path = Path(eagle_head or DEFAULT_HEAD)
-    check_eagle_head(path, target.config)
-    try:
-        head = EagleHead.load(path, target)
-    except (RuntimeError, OSError) as e:  # a damaged file
-        raise ValueError(f"cannot load the EAGLE head {path} for this model: {e}") from None
-    return EagleSource(head, target)
+    return EagleSource(load_eagle_head(Path(eagle_head or DEFAULT_HEAD), target), target)
 
 
 TRAIN_A_HEAD = ("python -m course.s05_speculative.training.train_eagle --model MODEL --out head.safetensors`, "
                 "then `--speculative-model head.safetensors")
 
 
-def check_eagle_head(path: Path, config) -> None:
-    """Refuse, before loading, a head file that is missing or was trained for another model: its
-    shapes (hidden size, attention heads, draft token ids) must fit the model being served."""
+def load_eagle_head(path: Path, target) -> EagleHead:
+    """The head at `path`, or a clear refusal: no such file, not a head, or a head trained for a
+    model of other shapes (stage 05's EagleHead.load names them)."""
     if not path.is_file():
         raise ValueError(f"cannot load the EAGLE head {path}: no such file; train one for your model with "
                          f"`{TRAIN_A_HEAD}`")
     try:
         with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-            shapes = {k: f.get_slice(k).get_shape() for k in f.keys()}
-            top_id = int(f.get_tensor("draft_vocab").max()) if "draft_vocab" in shapes else None
-    except Exception as e:  # noqa: BLE001 - safetensors raises its own error for a file that is not one
-        raise ValueError(f"cannot load the EAGLE head {path}: not a safetensors file ({e})") from None
-    want = {"fc.weight": [config.hidden_size, 2 * config.hidden_size],
-            "layer.self_attn.q_proj.weight": [config.num_attention_heads * config.head_dim, config.hidden_size]}
-    problems = [f"{name} is {shapes.get(name)}, this model needs {shape}"
-                for name, shape in want.items() if shapes.get(name) != shape]
-    if top_id is not None and top_id >= config.vocab_size:
-        problems.append(f"it drafts token id {top_id}, this model's vocabulary has {config.vocab_size}")
-    if problems:
-        made_by = meta.get("command", "a training run for another model")
+            made_by = (f.metadata() or {}).get("command", "a training run for another model")
+        return EagleHead.load(path, target)
+    except HeadMismatch as e:
+        config = target.config
         raise ValueError(f"cannot load the EAGLE head {path} for this model ({config.architecture}, hidden size "
-                         f"{config.hidden_size}, vocabulary {config.vocab_size}): the head was made by `{made_by}` "
-                         f"for a model whose shapes differ ({'; '.join(problems)}); train one for your model with "
-                         f"`{TRAIN_A_HEAD}`")
+                         f"{config.hidden_size}, {config.num_hidden_layers} layers, vocabulary {config.vocab_size}): "
+                         f"the head was made by `{made_by}` for a model whose shapes differ ({e}); train one for "
+                         f"your model with `{TRAIN_A_HEAD}`") from None
+    except Exception as e:  # noqa: BLE001 - safetensors and torch raise their own errors for a damaged file
+        raise ValueError(f"cannot load the EAGLE head {path}: not a head file ({e})") from None

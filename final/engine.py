@@ -24,6 +24,7 @@ Drafters: prompt lookup, or EAGLE with one feature store and head cache per requ
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -83,6 +84,8 @@ class Engine(LLMEngine):
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
         if isinstance(self.source, EagleSource):
             self.source.head = self.prepare_module(self.source.head)
+            self.source.tap(self.runner.model)  # before any graph is captured: the taps come out of it
+        self.last_features = None  # the step's rows as the drafter reads them (source.features_of)
         self.drafts = self.scheduler.drafts
         self.draft_probs: dict[int, torch.Tensor | None] = {}  # sampled requests: q of each draft
         self.spec_stats = SpecStats()
@@ -91,6 +94,10 @@ class Engine(LLMEngine):
         self.mask_prefetcher = MaskPrefetcher() if prefetch_masks else None
         # called after each forward with its chunks and their final hidden rows (harness/ scores prompts)
         self.after_forward: list[Callable[[list, torch.Tensor], None]] = []
+        # chooses each request's draft length per step from measured costs (speculation/);
+        # None: k for every request, and none above disable_by_batch_size
+        self.draft_policy = None
+        self._step_shape = (0, False)  # the last forward's rows, and whether every row was a decode
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
         """Stage 04's add_request, with the request's options (keyword-only). A `grammar` joins the
@@ -112,10 +119,16 @@ class Engine(LLMEngine):
 
     def step(self) -> list[StepOutput]:
         self._propose()
+        self._step_shape, started = (0, False), time.perf_counter()
         outputs = super().step()
+        if self.draft_policy is not None:  # the step's measured time: what a verified row costs
+            rows, all_decode = self._step_shape
+            self.draft_policy.observe_step(rows, time.perf_counter() - started, all_decode)
         alive = {r.request_id for r in self.scheduler.running + self.scheduler.waiting}
         if self.source is not None:  # finished, aborted or failed requests leave no drafter state
             self.source.prune(alive)
+            if self.draft_policy is not None:
+                self.draft_policy.prune(alive)
         return outputs
 
     def _propose(self) -> None:
@@ -123,18 +136,26 @@ class Engine(LLMEngine):
         limit = self.speculative.disable_by_batch_size
         if self.source is None or (limit is not None and len(self.scheduler.running) > limit):
             return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
+        limits, requests = {}, {}
         for req in self.scheduler.running:
             seq = req.seq
             if req.num_uncomputed != 1 or seq.params.logprobs is not None or not req.speculative:
                 continue  # prefilling, asking for logprobs (emitted drafts have none), or opted out
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
-            k = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit the request
+            limits[req.request_id] = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit
+            requests[req.request_id] = req
+        if self.draft_policy is not None:
+            limits = self.draft_policy.lengths(limits, len(self.scheduler.running) - len(limits))
+        for rid, k in limits.items():
             if k > 0:
+                req, started = requests[rid], time.perf_counter()
                 draft = self.source.propose(req, k)
+                if self.draft_policy is not None:  # what a draft step costs on this machine
+                    self.draft_policy.observe_drafting(rid, len(draft.tokens), time.perf_counter() - started)
                 tokens = self._grammar_prefix(req, list(draft.tokens))
                 if tokens:
-                    self.drafts[req.request_id] = tokens
-                    self.draft_probs[req.request_id] = draft.probs
+                    self.drafts[rid] = tokens
+                    self.draft_probs[rid] = draft.probs
 
     @staticmethod
     def _grammar_prefix(req: ServedRequest, tokens: list[int]) -> list[int]:
@@ -154,8 +175,11 @@ class Engine(LLMEngine):
         """The forward, with the batch's grammar masks filled on a worker thread meanwhile; then
         the `after_forward` hooks."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
+        self._step_shape = (sum(n for _, n in chunks), all(req.num_uncomputed == 1 for req, _ in chunks))
         try:
             logits = super()._run(chunks, feed)
+            if self.source is not None:
+                self.last_features = self.source.features_of(self.last_hidden)
             for hook in self.after_forward:
                 hook(chunks, self.last_hidden)
             return logits
@@ -193,7 +217,7 @@ class Engine(LLMEngine):
             start, row = req.num_computed_tokens, row + n
             if not drafts:  # stage 04's path, after this loop
                 if self.source is not None:  # every computed position's feature, prefill chunks included
-                    self.source.observe(req, self.last_hidden[row - n:row], start)
+                    self.source.observe(req, self.last_features[row - n:row], start)
                 plain.append((req, n))
                 if start + n == req.num_tokens:  # it has a logits row
                     plain_rows.append(i)
@@ -203,7 +227,7 @@ class Engine(LLMEngine):
             try:
                 emitted = (accept_greedy(argmax[i - len(drafts) - 1:i], drafts) if self._reads_argmax(req)
                            else self._verify(req, rows, drafts))
-                self._count(drafts, emitted)
+                self._count(req, drafts, emitted)
             except Exception as e:  # fail this request alone, as stage 04 does
                 req.finish_reason, req.error = "error", e
                 self.scheduler.finish(req)
@@ -211,7 +235,7 @@ class Engine(LLMEngine):
                 continue
             req.num_computed_tokens += len(emitted)  # the last token + accepted drafts have K/V now
             self.blocks.truncate(req.request_id, req.num_computed_tokens)
-            self.source.observe(req, self.last_hidden[row - n:row - n + len(emitted)], start)  # kept rows only
+            self.source.observe(req, self.last_features[row - n:row - n + len(emitted)], start)  # kept rows only
             for event in emit(req.seq, emitted):
                 outputs.append(StepOutput(req.request_id, event))
                 if event.finish_reason:
@@ -240,10 +264,15 @@ class Engine(LLMEngine):
     def _reads_argmax(req) -> bool:
         return req.seq.params.greedy and samples_on_device(req.seq)  # no processors, penalties, logprobs
 
-    def _count(self, drafts: list[int], emitted: list[int]) -> None:
+    def _count(self, req: Request, drafts: list[int], emitted: list[int]) -> None:
         self.spec_stats.record(len(drafts), len(emitted))
+        if self.draft_policy is not None:
+            self.draft_policy.record(req.request_id, len(drafts), len(emitted) - 1)
         for position in range(len(emitted) - 1):
             self.accepted_per_position[position] += 1
 
     def stats(self) -> dict:
-        return {**super().stats(), "speculative": self.speculative.method, **self.spec_stats.to_json()}
+        stats = {**super().stats(), "speculative": self.speculative.method, **self.spec_stats.to_json()}
+        if self.draft_policy is not None:
+            stats["draft_policy"] = self.draft_policy.describe()
+        return stats

@@ -9,7 +9,8 @@ the same tokens):
   chat     ShareGPT first turns (answers rarely quote the prompt: prompt lookup finds little)
   rewrite  "repeat/fix this text" requests (answers quote the prompt: lookup's best case)
 At each concurrency (requests in flight at once; 1 = single stream) every system serves the
-same requests: speculation off, prompt lookup and EAGLE (stage 05's head) with k = 2 and 4. Printed: output tok/s,
+same requests: speculation off, prompt lookup and EAGLE (stage 05's head) with k = 2 and 4, and each with up
+to k = 4 under the server's cost policy (speculation/policy.py). Printed: output tok/s,
 the ratio to "off", drafted tokens accepted, and tokens emitted per verifying forward. Then,
 on the chat workload at the highest concurrency, the engine's features one at a time (prefix
 caching, chunked prefill, stage 06's runner against stage 04's engine, fused weights; the Triton
@@ -39,6 +40,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 from .load import plot_rates, run_rates
 from ..engine import Engine, SpeculativeConfig
 from ..launch.kernel_defaults import kernel_defaults
+from ..speculation.policy import CostModelPolicy
 
 REWRITE = [
     "Fix the spelling in this text and repeat it: 'The quick brown fox jumpd over the lazy dog. It was a sunny day "
@@ -48,8 +50,12 @@ REWRITE = [
     "with my family.'",
     "Copy this code and add a comment on top: def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b",
 ]
-SYSTEMS = {"off": None, "lookup k=2": SpeculativeConfig("lookup", 2), "lookup k=4": SpeculativeConfig("lookup", 4),
-           "eagle k=2": SpeculativeConfig("eagle", 2), "eagle k=4": SpeculativeConfig("eagle", 4)}
+SYSTEMS = {"off": {}, "lookup k=2": dict(spec=SpeculativeConfig("lookup", 2)),
+           "lookup k=4": dict(spec=SpeculativeConfig("lookup", 4)),
+           "eagle k=2": dict(spec=SpeculativeConfig("eagle", 2)), "eagle k=4": dict(spec=SpeculativeConfig("eagle", 4)),
+           # what the server runs: up to k per request, each step's lengths from measured costs (speculation/)
+           "lookup k=4, cost policy": dict(spec=SpeculativeConfig("lookup", 4), policy=True),
+           "eagle k=4, cost policy": dict(spec=SpeculativeConfig("eagle", 4), policy=True)}
 
 
 # Engine features on and off (speculation off) on the chat workload, token budget 128 so that
@@ -85,14 +91,17 @@ JSON_SYSTEMS = {"grammar, masks after the forward": dict(prefetch_masks=False),
 
 
 def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = "final", prefetch_masks=True,
-                **features):
+                policy: bool = False, **features):
     sizes = dict(num_blocks=1024, max_num_seqs=concurrency, max_num_batched_tokens=budget, record_steps=False)
     if engine == "stage04":
         from course.s04_continuous_batching.engine import EngineConfig
         from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
         return BatchingEngine(loaded.model, loaded.tokenizer, EngineConfig(**sizes), loaded.eos_token_ids)
     config = KernelEngineConfig(**(sizes | kernel_defaults("cuda" if torch.cuda.is_available() else "cpu") | features))
-    return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec, prefetch_masks=prefetch_masks)
+    llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec, prefetch_masks=prefetch_masks)
+    if policy:
+        llm.draft_policy = CostModelPolicy(spec.num_speculative_tokens)
+    return llm
 
 
 def serve(engine, prompts, max_output: int, grammar=None) -> dict:
@@ -152,7 +161,7 @@ def run(args: argparse.Namespace) -> dict:
         prompts = [encode_prompt(tok, t, chat=True) for t in texts]
         for concurrency in args.concurrency:
             table(rows, f"{workload} c={concurrency}", SYSTEMS,
-                  lambda spec: serve(make_engine(loaded, concurrency, 512, spec), prompts, args.max_output))
+                  lambda system: serve(make_engine(loaded, concurrency, 512, **system), prompts, args.max_output))
     prompts = [encode_prompt(tok, t, chat=True) for t in workloads["chat"]]
     top = max(args.concurrency)
     if "features" in args.sections:

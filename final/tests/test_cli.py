@@ -129,3 +129,16 @@ def test_cli_serves_the_default_model_with_int8_weights(smollm2):
     """`--quantization int8`: the same question, still the right answer (outputs are close to
     float32's, not equal, so the check is the answer a person would check)."""
     assert "Paris" in ask_for_the_capital_of_france("--quantization", "int8")
+
+
+@pytest.mark.parametrize("flags, policy", [(["--speculative-method", "lookup"], "cost"),
+                                           (["--speculative-method", "lookup", "--speculative-policy", "fixed"], None),
+                                           ([], None)])
+def test_speculation_is_served_with_the_cost_policy_unless_fixed_is_asked(tiny_folder, flags, policy):
+    from course.final.cli import build_server, make_parser
+    from course.final.speculation.policy import CostModelPolicy
+
+    args = make_parser()[0].parse_args(["serve", "--model", str(tiny_folder), "--kv-memory", "1MiB", *flags])
+    engine, _ = build_server(args)
+    chosen = engine.engine.draft_policy
+    assert (type(chosen) is CostModelPolicy) if policy == "cost" else chosen is None

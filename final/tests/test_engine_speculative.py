@@ -12,6 +12,7 @@ from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import EagleHead
+from course.s05_speculative.eagle3 import Eagle3Head
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 SHARED = b"You are a helpful assistant. "
@@ -193,9 +194,9 @@ def test_lookup_acceptance_counts_are_consistent(byte_tok):
     assert torch.tensor(engine.accepted_per_position).diff().le(0).all()  # position i+1 needs i accepted
 
 
-def random_eagle(model, seed=0, draft_vocab=None):
+def random_eagle(model, seed=0, draft_vocab=None, kind=EagleHead):
     torch.manual_seed(seed)
-    head = EagleHead(model.config, draft_vocab)
+    head = kind(model.config, draft_vocab)
     for p in head.parameters():
         torch.nn.init.normal_(p, std=0.05)
     return EagleSource(head.eval(), model)
@@ -214,6 +215,28 @@ def test_eagle_in_the_batch_gives_the_same_greedy_tokens(byte_tok, name, pool):
     assert not source.per_request  # every request's drafter state was dropped when it finished
     if pool == "tight":
         assert engine.stats()["preemptions"] > 0
+
+
+@pytest.mark.parametrize("kernels", [{}, {"attention_backend": "cpu", "fused": True},
+                                     {"attention_backend": "cpu", "fused": True, "cuda_graphs": True}])
+def test_eagle3_in_the_batch_reads_the_tapped_layers_and_keeps_greedy_tokens(byte_tok, kernels):
+    """An EAGLE-3 head reads three layers of the forward the engine runs: stage 01's model, the
+    fused copy with the C one-call layers, and graph replays (the CPU's stand-in), where the
+    taps come out of the captured step. Every position a request computed is observed as the
+    fused taps, and the greedy tokens stay the target's."""
+    model = tiny_model("mqa_odd_heads")  # 3 layers: taps 0, 1 and 2
+    source = random_eagle(model, kind=Eagle3Head)
+    seen = []
+    observe = source.observe
+    source.observe = lambda req, rows, start: (seen.append(rows.shape[-1]), observe(req, rows, start))
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **kernels)
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("eagle", 3), drafter=source)
+    got = [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], GREEDY)]
+    assert got == reference(model, byte_tok, GREEDY, "roomy")
+    assert engine.spec_stats.proposed > 0 and set(seen) == {3 * model.config.hidden_size}
+    assert engine.runner.model.tap_layers == (0, 1, 2)
+    if kernels.get("cuda_graphs"):
+        assert engine.graphed_steps > 0
 
 
 def test_eagle_sampled_requests_reproduce_and_use_the_draft_distribution(byte_tok):
@@ -243,7 +266,7 @@ def test_a_head_for_another_model_is_refused_clearly():
     with pytest.raises(ValueError, match="cannot load the EAGLE head") as refused:
         make_source("eagle", tiny_model("gqa_tied"))  # the committed head is SmolLM2-135M's
     message = str(refused.value)
-    assert "hidden size" in message and "fc.weight is [576, 1152]" in message  # both models' shapes
+    assert "hidden size" in message and "fc.weight is (576, 1152), this model needs (64, 128)" in message
     assert "train_eagle" in message  # and how to make the right head
 
 

@@ -98,12 +98,20 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        # layers whose outputs a drafter also reads (EAGLE-3, stage 05): after each forward,
+        # `tapped` holds them side by side, [rows, len(tap_layers) * hidden]
+        self.tap_layers: tuple[int, ...] = ()
+        self.tapped: torch.Tensor | None = None
 
     def forward(self, input_ids, attn, meta):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(meta.positions)  # computed once, shared by all layers
-        for layer in self.layers:
+        taps = []
+        for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attn, meta)
+            if i in self.tap_layers:
+                taps.append(x)
+        self.tapped = torch.cat(taps, dim=-1) if taps else None
         return self.norm(x)
 
 
@@ -126,6 +134,22 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    @property
+    def tap_layers(self) -> tuple[int, ...]:  # see Decoder: the layers an EAGLE-3 drafter reads
+        return self.model.tap_layers
+
+    @tap_layers.setter
+    def tap_layers(self, layers: tuple[int, ...]) -> None:
+        self.model.tap_layers = tuple(layers)
+
+    @property
+    def tapped(self) -> torch.Tensor | None:
+        return self.model.tapped
+
+    @tapped.setter
+    def tapped(self, rows: torch.Tensor | None) -> None:  # a replayed graph hands back its taps
+        self.model.tapped = rows
 
     @property
     def device(self) -> torch.device:

@@ -11,7 +11,7 @@ from .draft_model import DraftModelDrafter, truncated_model
 from .drafter import Drafter
 from .eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
 from .prompt_lookup import PromptLookupDrafter
-from .speculative import SpeculativeGenerator
+from .speculative import SpeculativeGenerator, measure_verify_cost
 
 METHODS = ("draft", "lookup", "eagle", "eagle-tree")
 
@@ -26,7 +26,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--eagle-head", type=Path, default=DEFAULT_HEAD, help="trained EAGLE head (safetensors)")
     g.add_argument("--tree-depth", type=int, default=5, help="levels drafted (--method eagle-tree)")
     g.add_argument("--tree-top-k", type=int, default=4, help="nodes expanded per level, children per node")
-    g.add_argument("--tree-nodes", type=int, default=16, help="nodes verified per target forward")
+    g.add_argument("--tree-nodes", type=int, default=16, help="most nodes verified per target forward")
+    g.add_argument("--tree-size", choices=["cost", "fixed"], default="cost",
+                   help="cost: keep the nodes that pay for their verify on this machine (measured at start); "
+                        "fixed: always --tree-nodes")
 
 
 def make_drafter(method: str, model, args: argparse.Namespace) -> Drafter:
@@ -48,7 +51,8 @@ def make_stream(loaded, args: argparse.Namespace) -> SpeculativeGenerator:
         if args.temperature != 0:
             raise ValueError("--method eagle-tree verifies greedy requests only: pass --temperature 0")
         tree = {"depth": args.tree_depth, "top_k": args.tree_top_k, "max_nodes": args.tree_nodes}
-    return SpeculativeGenerator(make_drafter(args.method, loaded.model, args), args.k, tree)
+    cost = measure_verify_cost(loaded.model) if tree is not None and args.tree_size == "cost" else None
+    return SpeculativeGenerator(make_drafter(args.method, loaded.model, args), args.k, tree, cost)
 
 
 def main(argv: list[str] | None = None) -> int:

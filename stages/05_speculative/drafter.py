@@ -36,8 +36,13 @@ class Drafter(ABC):
         """Guess up to k tokens to follow seq.all_ids. For sampled requests a drafter that has a
         distribution samples from it (with its own generator) and returns it in `probs`."""
 
+    def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What `observe` reads of the target's last forward, row for row: its final hidden
+        states (EAGLE-3 reads the outputs of three layers instead)."""
+        return hidden
+
     def observe(self, hidden: torch.Tensor, start: int) -> None:
-        """The target's final hidden states at positions start .. start+len-1, each computed on
+        """The target's features (`features_of`) at positions start .. start+len-1, each computed on
         tokens the target has kept. Drafters that do not use them (most) ignore this."""
 
 

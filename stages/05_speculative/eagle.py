@@ -20,6 +20,9 @@ A reduced draft vocabulary (FR-Spec, Zhao et al. 2025; EAGLE-3): a head may carr
 Drafting then reads only those rows of the target's lm_head (8k of 49k rows: a draft token's
 logits cost a sixth), and every other token gets -inf: it is never drafted. Verification is
 untouched, so the output stays the target's; a rare token only costs one missed draft.
+
+EAGLE-3 (eagle3.py) keeps this drafting and changes what the head reads and predicts; the two
+hooks it overrides are `input_features` and `readout`.
 """
 from __future__ import annotations
 
@@ -39,12 +42,19 @@ from course.s02_kv_cache.generate import step_metadata
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 
 from .drafter import Draft, Drafter, draft_chain
-from .tree import Tree, TreeAttention, block_metadata
+from .tree import Tree, TreeAttention, block_metadata, tree_size
 
 DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # trained by training/train_eagle.py
 
 
+class HeadMismatch(ValueError):
+    """A head file that does not fit the target: its tensors' shapes or token ids differ."""
+
+
 class EagleHead(nn.Module):
+    predicts_features = True  # trained to predict the target's next feature (SmoothL1) as well as its token
+    tap_layers: tuple[int, ...] = ()  # target layers it reads besides the final hidden state (EAGLE-3)
+
     def __init__(self, target_config: ModelConfig, draft_vocab: torch.Tensor | None = None):
         super().__init__()
         self.config = dataclasses.replace(target_config, num_hidden_layers=1)
@@ -66,9 +76,18 @@ class EagleHead(nn.Module):
         cos, sin = self.rotary_emb(meta.positions)
         return self.layer(x, cos, sin, attn, meta)
 
+    def input_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the head reads from the target's forward: its final hidden states."""
+        return hidden
+
+    def readout(self, predicted: torch.Tensor) -> torch.Tensor:
+        """What the lm_head reads from the head's output: a predicted final hidden state as is."""
+        return predicted
+
     def draft_logits(self, target: CausalLM, features: torch.Tensor) -> torch.Tensor:
-        """Vocabulary logits of predicted features [n, h] -> [n, vocab]: the target's own
+        """Vocabulary logits of the head's outputs [n, h] -> [n, vocab]: the target's own
         lm_head, or with a draft vocabulary only its rows (the rest -inf: never drafted)."""
+        features = self.readout(features)
         if self.draft_vocab is None:
             return target.compute_logits(features)
         weight = target.lm_head.weight
@@ -86,10 +105,38 @@ class EagleHead(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, target: CausalLM) -> "EagleHead":
+        """The head in `path` (EAGLE-1/2, or EAGLE-3 when the file holds a `fuse` layer), for
+        `target`; a head made for a model of other shapes raises HeadMismatch naming them."""
         state = load_file(str(path))
-        head = cls(target.config, state.get("draft_vocab"))
+        kind = cls
+        if "fuse.weight" in state and cls is EagleHead:
+            from .eagle3 import Eagle3Head  # the file says which head it is
+            kind = Eagle3Head
+        options = kind.options_in(state)
+        with torch.device("meta"):  # the shapes this model needs, without allocating anything
+            expected = {k: tuple(v.shape) for k, v in kind(target.config, **options).state_dict().items()}
+        problems = [f"{k} is {tuple(v.shape)}, this model needs {expected[k]}"
+                    for k, v in state.items() if k in expected and tuple(v.shape) != expected[k]]
+        problems += [f"it has no {k}" for k in expected.keys() - state.keys()]
+        problems += [f"{k} belongs to no part of this head" for k in state.keys() - expected.keys()]
+        problems += kind.id_problems(state, target.config)
+        if problems:
+            raise HeadMismatch("; ".join(problems))
+        head = kind(target.config, **options)
         head.load_state_dict({k: v.to(target.dtype) if v.is_floating_point() else v for k, v in state.items()})
         return head.to(target.device).eval()
+
+    @staticmethod
+    def options_in(state: dict) -> dict:
+        """Constructor options a saved state carries (its buffers)."""
+        return {"draft_vocab": state.get("draft_vocab")}
+
+    @staticmethod
+    def id_problems(state: dict, config: ModelConfig) -> list[str]:
+        vocab = state.get("draft_vocab")
+        if vocab is not None and vocab.numel() and int(vocab.max()) >= config.vocab_size:
+            return [f"it drafts token id {int(vocab.max())}, this model's vocabulary has {config.vocab_size}"]
+        return []
 
 
 class EagleDrafter(Drafter):
@@ -103,21 +150,27 @@ class EagleDrafter(Drafter):
         self.features: torch.Tensor | None = None  # [capacity, h]: the target's f_t by position
         self.num_features = 0                      # positions 0 .. num_features-1 are known
         self.cache: KVCache | None = None          # the head's own K/V, one layer
+        if head.tap_layers:  # the target's forward keeps the layers the head reads
+            target.tap_layers = head.tap_layers
+
+    def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.target.tapped if self.head.tap_layers else hidden
 
     def begin(self, seq: Sequence) -> None:
         self.generator.manual_seed(seq.sampler.seed + 1)  # not the acceptance draws' stream
         self.num_features = 0
 
+    @torch.no_grad()  # an EAGLE-3 head fuses the taps here: no graph to keep
     def observe(self, hidden: torch.Tensor, start: int) -> None:
         end = start + hidden.shape[0]
         if self.features is None or end > self.features.shape[0]:
             capacity = max(2 * end, 256)
-            grown = hidden.new_zeros(capacity, hidden.shape[1])
+            grown = hidden.new_zeros(capacity, self.head.config.hidden_size)
             if self.features is not None and start > 0:
                 grown[:start] = self.features[:start]
             self.features = grown
             self.cache = KVCache(self.head.config, capacity, hidden.dtype, hidden.device)
-        self.features[start:end] = hidden
+        self.features[start:end] = self.head.input_features(hidden)
         self.num_features = end
         # head entries at positions >= start were built on guesses, on tokens now replaced, or
         # (start == 0) on another request
@@ -147,11 +200,11 @@ class EagleDrafter(Drafter):
         return draft_chain(self.head.draft_logits(self.target, predicted[None])[0], after, k, seq, self.generator)
 
     @torch.no_grad()
-    def propose_tree(self, seq: Sequence, depth: int, top_k: int = 4, max_nodes: int = 16) -> Tree:
+    def propose_tree(self, seq: Sequence, depth: int, top_k: int = 4, max_nodes: int = 16, cost=None) -> Tree:
         """EAGLE-2 drafting: expand the top_k most confident nodes of each level (top_k children
         each), `depth` levels deep, then keep the max_nodes best-scoring nodes (score = summed
         log-probability of the path; a child never outscores its parent, so the kept set is a
-        tree)."""
+        tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size)."""
         if depth == 0:
             return Tree()
         root_feature = self._catch_up(seq)
@@ -183,6 +236,8 @@ class EagleDrafter(Drafter):
             slots += expand
             frontier = [c for j, u in enumerate(expand) for c in add_children(u, out[j], scores[u])]
         self.cache.num_tokens = true_len  # drop the drafting entries
+        if cost is not None:
+            max_nodes = tree_size(scores, cost, max_nodes)
         keep = sorted(sorted(range(len(tree)), key=lambda u: -scores[u])[:max_nodes])
         kept, index = Tree(), {}
         for u in keep:  # creation order: parents before children

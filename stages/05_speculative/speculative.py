@@ -13,6 +13,7 @@ costs about the same. Each forward emits 1 + (accepted drafts) tokens instead of
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
@@ -25,7 +26,7 @@ from course.s02_kv_cache.generate import check_max_len, reserve_cache, step_meta
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 
 from .drafter import Drafter
-from .tree import TreeAttention, accept_greedy_path, block_metadata, compact
+from .tree import TreeAttention, VerifyCost, accept_greedy_path, block_metadata, compact
 from .verify import verify_greedy, verify_sampled
 
 
@@ -66,6 +67,28 @@ def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list
     return model(ids, attn, step_metadata(start, len(token_ids), model.device))
 
 
+@torch.no_grad()
+def measure_verify_cost(model: CausalLM, context: int = 128, widths=(1, 2, 3, 5, 9, 17), reps: int = 5) -> VerifyCost:
+    """What verifying costs on this machine: one target forward over w new tokens after `context`
+    cached ones, the fastest of `reps`, at a few widths (measured once, at start-up)."""
+    cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
+    vocab = model.config.vocab_size
+    forward_hidden(model, ContiguousKVAttention(cache), [(100 + i) % vocab for i in range(context)])
+    seconds = {}
+    for width in widths:
+        best = float("inf")
+        for attempt in range(reps + 1):  # the first is a warm-up
+            cache.num_tokens = context
+            start = time.perf_counter()
+            model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            if attempt:
+                best = min(best, time.perf_counter() - start)
+        seconds[width] = best
+    return VerifyCost(seconds)
+
+
 def processed_rows(logits: torch.Tensor, seq: Sequence, before: list[list[int]]) -> torch.Tensor:
     """Process each verified row as if the drafted tokens `before[row]` had been emitted ahead
     of it (penalties see them): a chain's row i follows its first i drafts, a tree's row follows
@@ -93,7 +116,7 @@ def prefill(model: CausalLM, attn, seq: Sequence, drafter: Drafter) -> TokenEven
     """Prefill as in stage 02, show the drafter the prompt's features, emit the first token."""
     drafter.begin(seq)
     hidden = forward_hidden(model, attn, seq.prompt_ids)
-    drafter.observe(hidden, start=0)
+    drafter.observe(drafter.features_of(hidden), start=0)
     return seq.sample_and_append(model.compute_logits(hidden[-1:])[0])
 
 
@@ -130,16 +153,17 @@ def stream_speculative(model: CausalLM, seq: Sequence, drafter: Drafter, k: int 
         else:
             emitted = verify_sampled(target, draft.tokens, draft.probs, generator)
         attn.cache.num_tokens = cached + len(emitted)  # K/V of [last, accepted drafts]; drop the rest
-        drafter.observe(hidden[:len(emitted)], start=cached)
+        drafter.observe(drafter.features_of(hidden)[:len(emitted)], start=cached)
         stats.record(len(draft.tokens), len(emitted))
         yield from emit(seq, emitted)
 
 
 def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int = 5, top_k: int = 4,
                             max_nodes: int = 16, stats: SpecStats | None = None,
-                            cache: KVCache | None = None) -> Iterator[TokenEvent]:
+                            cache: KVCache | None = None, verify_cost: VerifyCost | None = None) -> Iterator[TokenEvent]:
     """The loop with EAGLE-2 trees (greedy only): draft a tree, verify it in one forward with a
-    tree mask, walk the accepted path, move its K/V into place."""
+    tree mask, walk the accepted path, move its K/V into place. With `verify_cost` each tree
+    keeps only the nodes that pay for their verify (tree.py's tree_size)."""
     if not seq.params.greedy:
         raise ValueError("tree speculation verifies greedy requests only (temperature 0); "
                          "use the chain (--method eagle) for sampling")
@@ -153,7 +177,7 @@ def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int 
     yield prefill(model, ContiguousKVAttention(cache), seq, drafter)
     while not seq.finished:
         room = seq.params.max_new_tokens - len(seq.output_ids)
-        tree = drafter.propose_tree(seq, min(depth, room - 1), top_k, max_nodes)
+        tree = drafter.propose_tree(seq, min(depth, room - 1), top_k, max_nodes, verify_cost)
         start = cache.num_tokens
         ids = torch.tensor([seq.all_ids[-1]] + tree.tokens, device=model.device)
         positions = [start] + [start + d for d in tree.depths]
@@ -164,7 +188,7 @@ def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int 
         choices = torch.argmax(processed_rows(model.compute_logits(hidden), seq, before), dim=-1).tolist()
         path, emitted = accept_greedy_path(tree, choices)
         compact(cache, start, path)
-        drafter.observe(hidden[[0] + [1 + i for i in path]], start=start)
+        drafter.observe(drafter.features_of(hidden)[[0] + [1 + i for i in path]], start=start)
         stats.record(len(tree), len(emitted))
         yield from emit(seq, emitted)
 
@@ -173,16 +197,18 @@ class SpeculativeGenerator:
     """The stage CLI's `stream_fn(model, seq)`: one drafter, one k (or a tree shape), and the
     statistics of the last request."""
 
-    def __init__(self, drafter: Drafter, k: int = 4, tree: dict | None = None):
-        self.drafter, self.k, self.tree = drafter, k, tree
+    def __init__(self, drafter: Drafter, k: int = 4, tree: dict | None = None, verify_cost: VerifyCost | None = None):
+        self.drafter, self.k, self.tree, self.verify_cost = drafter, k, tree, verify_cost
         self.last = SpecStats()
 
     def __call__(self, model: CausalLM, seq: Sequence) -> Iterator[TokenEvent]:
         self.last = SpecStats()
         if self.tree is not None:
-            return stream_tree_speculative(model, seq, self.drafter, stats=self.last, **self.tree)
+            return stream_tree_speculative(model, seq, self.drafter, stats=self.last, verify_cost=self.verify_cost,
+                                           **self.tree)
         return stream_speculative(model, seq, self.drafter, self.k, stats=self.last)
 
     def stats(self) -> dict:
-        shape = {"tree": self.tree} if self.tree is not None else {"k": self.k}
+        shape = {"tree": self.tree | {"sized_by": "cost" if self.verify_cost else "fixed"}} if self.tree is not None \
+            else {"k": self.k}
         return {"method": self.drafter.name + ("-tree" if self.tree is not None else "")} | shape | self.last.to_json()

@@ -118,6 +118,8 @@ class FusedCausalLM(nn.Module):
         self.embed_tokens, self.rotary_emb = model.model.embed_tokens, model.model.rotary_emb
         self.layers = nn.ModuleList(FusedLayer(layer, model.config) for layer in model.model.layers)
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
+        self.tap_layers: tuple[int, ...] = ()  # as stage 01's Decoder: layers a drafter also reads
+        self.tapped: torch.Tensor | None = None
 
     def follow(self, backend: KernelBackend) -> "FusedCausalLM":
         """Run beside `backend`: its ops for the small work, and its layer kernels if it offers
@@ -131,11 +133,15 @@ class FusedCausalLM(nn.Module):
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary_emb(meta.positions)
         whole_layer = self.layer_kernels.step(attn, x, cos, sin, meta) if self.layer_kernels else None
-        for layer in self.layers:
+        taps = []
+        for i, layer in enumerate(self.layers):
             if whole_layer:
                 x, residual = whole_layer(layer, x, residual)
             else:
                 x, residual = layer(x, residual, cos, sin, attn, meta, self.ops, self.rotary_in_attn)
+            if i in self.tap_layers:  # the layer's output is the residual stream: x + residual
+                taps.append(x + residual)
+        self.tapped = torch.cat(taps, dim=-1) if taps else None
         return self.ops.add_rms_norm(x, residual, self.final_norm, self.config.rms_norm_eps)[0]
 
     def compute_logits(self, hidden):

@@ -69,6 +69,23 @@ class EagerStandIn:
         return Captured(outputs, replay)
 
 
+def with_taps(model, outputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """A captured step's outputs, plus the layers a drafter taps (EAGLE-3) when it taps any."""
+    tapped = getattr(model, "tapped", None)
+    return outputs + ((tapped,) if tapped is not None else ())
+
+
+def replayed(model, outputs: tuple[torch.Tensor, ...], rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hidden, logits) of a replay; its taps, if captured, become the model's `tapped` rows."""
+    hidden, logits, *tapped = outputs
+    if getattr(model, "tap_layers", ()) and not tapped:
+        raise RuntimeError("these graphs were captured before a drafter asked for the layers it taps; "
+                           "set tap_layers before the first capture")
+    if tapped:
+        model.tapped = tapped[0][:rows]
+    return hidden, logits
+
+
 def bucket_sizes(max_batch: int, smallest: int = 1) -> list[int]:
     """smallest, 2 * smallest, ... up to max_batch (which is itself a bucket)."""
     sizes, b = [], smallest
@@ -104,12 +121,12 @@ class GraphRunner:
     def bucket_for(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
 
-    def _step(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, size: int) -> tuple[torch.Tensor, ...]:
         """The captured function: the decode forward on the first `size` rows of the buffers."""
         meta = self.backend.build_metadata(**self.buffers.views(size, size, self.width), max_query_len=1,
                                            max_seq_len=self.max_seq_len, graphed=True)
         hidden = self.model(self.buffers.input_ids[:size], self.backend, meta)
-        return hidden, self.model.compute_logits(hidden)
+        return with_taps(self.model, (hidden, self.model.compute_logits(hidden)))
 
     def replay(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int],
                feed: Feed | None = None):
@@ -132,5 +149,5 @@ class GraphRunner:
         self.buffers.fill(token_ids + [0] * len(padding), inputs, feed)
         graph = self.graphs[size]
         graph.replay()
-        hidden, logits = graph.outputs
+        hidden, logits = replayed(self.model, graph.outputs, n)
         return hidden[:n], logits[:n]

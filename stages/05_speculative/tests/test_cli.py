@@ -25,12 +25,17 @@ def test_cli_every_method_matches_stage02_and_reports_acceptance(chat_folder, tm
     EagleHead(tiny_model("mha_untied").config).save(head)
     base = run_json(capsys, ["--model", str(chat_folder), *ARGS], stream_fn=stream_cached)
     out = run_json(capsys, ["--model", str(chat_folder), *ARGS, "--method", method, "--k", "3",
-                            "--draft-layers", "1", "--eagle-head", str(head), "--tree-nodes", "6"])
+                            "--draft-layers", "1", "--eagle-head", str(head), "--tree-nodes", "6",
+                            "--tree-size", "fixed"])  # an untrained head's nodes never pay: cost would keep none
     assert out["token_ids"] == base["token_ids"]
     stats = out["stats"]
     assert stats["method"] == method and stats["proposed"] > 0
     assert stats["emitted"] == stats["accepted"] + stats["target_forwards"]
     assert 1.0 <= stats["mean_accepted_length"] <= 4.0 or method == "eagle-tree"
+    if method == "eagle-tree":
+        assert stats["tree"]["sized_by"] == "fixed"
+        sized = run_json(capsys, ["--model", str(chat_folder), *ARGS, "--method", method, "--eagle-head", str(head)])
+        assert sized["token_ids"] == base["token_ids"] and sized["stats"]["tree"]["sized_by"] == "cost"
 
 
 def test_cli_refuses_what_it_cannot_do(chat_folder, tmp_path, capsys):

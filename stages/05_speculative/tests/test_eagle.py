@@ -1,6 +1,7 @@
 """EAGLE chain and tree drafting keep the target's greedy output; tree verification agrees
 with chain verification along every path."""
 import copy
+import math
 
 import pytest
 import torch
@@ -10,18 +11,21 @@ from course.s01_decode_loop.sequence import Sequence
 from course.s01_decode_loop.testing import TINY_CONFIGS, tiny_model
 from course.s02_kv_cache.generate import forward_step, generate_cached
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
-from course.s05_speculative.eagle import EagleDrafter, EagleHead
+from course.s05_speculative.eagle import EagleDrafter, EagleHead, HeadMismatch
+from course.s05_speculative.eagle3 import Eagle3Head
 from course.s05_speculative.speculative import SpecStats, forward_hidden, stream_speculative, stream_tree_speculative
-from course.s05_speculative.tree import Tree, TreeAttention, accept_greedy_path, block_metadata, compact
+from course.s05_speculative.tree import (Tree, TreeAttention, VerifyCost, accept_greedy_path, block_metadata, compact,
+                                         tree_size)
 from course.s05_speculative.verify import verify_greedy
 
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
 
 
-def eagle(model, seed=0):
+def eagle(model, seed=0, kind="eagle"):
     torch.manual_seed(seed)  # an untrained head: poor drafts, which must not change the output
-    return EagleDrafter(EagleHead(model.config).eval(), model)
+    head = Eagle3Head(model.config) if kind == "eagle3" else EagleHead(model.config)
+    return EagleDrafter(head.eval(), model)
 
 
 def run(stream, model, tok, drafter, params=GREEDY, **kw):
@@ -30,24 +34,27 @@ def run(stream, model, tok, drafter, params=GREEDY, **kw):
     return seq.output().token_ids, stats
 
 
-# each shape on one architecture, every architecture at one shape: the two vary independently
-CHAIN_CASES = [("mha_untied", 1), ("mha_untied", 5)] + [(name, 3) for name in sorted(TINY_CONFIGS)]
-TREE_CASES = [("mha_untied", (1, 1, 1)), ("mha_untied", (3, 2, 6))] + [(name, (5, 4, 16)) for name in sorted(TINY_CONFIGS)]
+# each shape on one architecture, every architecture at one shape: the two vary independently;
+# both heads (EAGLE-1/2 and EAGLE-3) on every architecture
+CHAIN_CASES = ([("mha_untied", 1, "eagle"), ("mha_untied", 5, "eagle"), ("mha_untied", 5, "eagle3")]
+               + [(name, 3, kind) for name in sorted(TINY_CONFIGS) for kind in ("eagle", "eagle3")])
+TREE_CASES = ([("mha_untied", (1, 1, 1), "eagle"), ("mha_untied", (3, 2, 6), "eagle3")]
+              + [(name, (5, 4, 16), kind) for name in sorted(TINY_CONFIGS) for kind in ("eagle", "eagle3")])
 
 
-@pytest.mark.parametrize("config,k", CHAIN_CASES)
-def test_eagle_chain_greedy_equals_stage02(config, byte_tok, k):
+@pytest.mark.parametrize("config,k,kind", CHAIN_CASES)
+def test_eagle_chain_greedy_equals_stage02(config, byte_tok, k, kind):
     model = tiny_model(config)
     ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
-    out, stats = run(stream_speculative, model, byte_tok, eagle(model), k=k)
+    out, stats = run(stream_speculative, model, byte_tok, eagle(model, kind=kind), k=k)
     assert out == ref and stats.proposed > 0
 
 
-@pytest.mark.parametrize("config,shape", TREE_CASES)
-def test_eagle_tree_greedy_equals_stage02(config, byte_tok, shape):
+@pytest.mark.parametrize("config,shape,kind", TREE_CASES)
+def test_eagle_tree_greedy_equals_stage02(config, byte_tok, shape, kind):
     model, (depth, top_k, max_nodes) = tiny_model(config), shape
     ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
-    out, stats = run(stream_tree_speculative, model, byte_tok, eagle(model), depth=depth, top_k=top_k,
+    out, stats = run(stream_tree_speculative, model, byte_tok, eagle(model, kind=kind), depth=depth, top_k=top_k,
                      max_nodes=max_nodes)
     assert out == ref
     assert 0 < stats.proposed <= max_nodes * stats.target_forwards
@@ -155,3 +162,83 @@ def test_eagle_tree_drafts_a_well_formed_tree(byte_tok, depth, top_k, max_nodes)
         sibs = [tree.tokens[j] for j in range(len(tree)) if tree.parents[j] == tree.parents[i]]
         assert len(sibs) == len(set(sibs))
     assert drafter.cache.num_tokens == len(PROMPT)  # the head keeps its true entries, drops the drafting ones
+
+
+def test_eagle3_reads_the_outputs_of_its_three_layers(byte_tok):
+    """The target's forward leaves the tapped layers' outputs side by side (checked against
+    forward hooks on those layers), and the drafter keeps fuse(taps) as each position's feature."""
+    model = tiny_model("mqa_odd_heads")  # 3 layers: taps 0, 1, 2 would be every one; ask for two
+    head = Eagle3Head(model.config, tap_layers=(0, 2)).eval()
+    drafter = EagleDrafter(head, model)
+    seen = {}
+    hooks = [model.model.layers[i].register_forward_hook(lambda m, a, out, i=i: seen.__setitem__(i, out))
+             for i in (0, 2)]
+    cache = KVCache(model.config, 32, model.dtype, model.device)
+    try:
+        hidden = forward_hidden(model, ContiguousKVAttention(cache), PROMPT)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    taps = drafter.features_of(hidden)
+    torch.testing.assert_close(taps, torch.cat([seen[0], seen[2]], dim=-1))
+    drafter.begin(Sequence(PROMPT, GREEDY, byte_tok))
+    drafter.observe(taps, start=0)
+    with torch.no_grad():
+        torch.testing.assert_close(drafter.features[:len(PROMPT)], head.input_features(taps))
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_a_head_made_for_another_model_is_refused_naming_the_shapes(tmp_path, kind):
+    made_for, served = tiny_model("mha_untied"), tiny_model("mqa_odd_heads")  # hidden 64 and 48
+    eagle(made_for, kind=kind).head.save(tmp_path / "h.safetensors")
+    with pytest.raises(HeadMismatch, match=r"fc.weight is \(64, 128\), this model needs \(48, 96\)"):
+        EagleHead.load(tmp_path / "h.safetensors", served)
+
+
+def test_an_eagle3_head_reading_layers_the_model_lacks_is_refused(tmp_path):
+    model = tiny_model("mha_untied")  # 2 layers
+    Eagle3Head(model.config, tap_layers=(0, 5)).save(tmp_path / "h.safetensors")
+    with pytest.raises(HeadMismatch, match=r"reads layers \[0, 5\], this model has 2"):
+        EagleHead.load(tmp_path / "h.safetensors", model)
+
+
+def test_tree_size_keeps_the_nodes_that_pay_for_their_verify():
+    """Expected tokens per second of verifying, from each node's chance (exp of its path's
+    log-probability) and a verify cost: a free verify keeps every node, a steep one none, and
+    in between the sure nodes but not the long shots."""
+    chances = [0.9, 0.8, 0.5, 0.05, 0.01]
+    logp = [math.log(c) for c in chances]
+    assert tree_size(logp, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=16) == 5
+    assert tree_size(logp, VerifyCost({1: 1.0, 2: 100.0}), max_nodes=16) == 0
+    # each extra token costs 0.2 of a step: a node pays while its chance beats the running rate
+    assert tree_size(logp, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16) == 3
+    assert tree_size(logp, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=2) == 2
+    assert VerifyCost({1: 1.0, 3: 2.0})(2) == 1.5 and VerifyCost({1: 1.0, 3: 2.0})(5) == 3.0  # interpolated, extended
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+@pytest.mark.parametrize("cost", [VerifyCost({1: 1.0, 17: 1.0}), VerifyCost({1: 1.0, 2: 1.3, 17: 6.0}),
+                                  VerifyCost({1: 1.0, 2: 100.0})], ids=["free", "steep", "never"])
+def test_cost_sized_trees_keep_stage02s_greedy_output(byte_tok, kind, cost):
+    model = tiny_model("gqa_tied")
+    ref = generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
+    out, stats = run(stream_tree_speculative, model, byte_tok, eagle(model, kind=kind), verify_cost=cost)
+    assert out == ref
+    if cost(2) == 100.0:
+        assert stats.proposed == 0  # no node pays: every step is a plain one
+
+
+def test_verify_cost_is_measured_at_every_width():
+    from course.s05_speculative.speculative import measure_verify_cost
+
+    cost = measure_verify_cost(tiny_model("gqa_tied"), context=16, widths=(1, 2, 5), reps=1)
+    assert sorted(cost.seconds) == [1, 2, 5] and all(s > 0 for s in cost.seconds.values())
+
+
+def test_observed_features_keep_no_autograd_history(byte_tok):
+    """A head's parameters require grad (it trains); drafting must never build a graph on them."""
+    model = tiny_model("gqa_tied")
+    drafter = eagle(model, kind="eagle3")
+    assert any(p.requires_grad for p in drafter.head.parameters())
+    out, _ = run(stream_speculative, model, byte_tok, drafter, k=3)
+    assert not drafter.features.requires_grad

@@ -10,8 +10,10 @@ chain's own entries at b+1 .. b+j. So at step j row t attends to step 0's keys a
 <= t - j and to step i's key at position t - j + i (i = 1..j): one causal block plus j diagonals.
 
 The loss of each step is EAGLE's (SmoothL1 to the true next feature + w_cls x cross-entropy to
-the target's next-token distribution), only on rows whose chain has a base (t >= j) and whose
-predicted token lies in the answer.
+the target's next-token distribution; an EAGLE-3 head, which predicts no feature, has only the
+cross-entropy), only on rows whose chain has a base (t >= j) and whose predicted token lies in
+the answer. Step 0 reads `head.input_features` of the target's features (for EAGLE-3: its
+three layers, fused), so the fusing layer trains with the rest.
 """
 from __future__ import annotations
 
@@ -69,8 +71,9 @@ class UnrolledAttention(AttentionBackend):
 def unrolled_predictions(head: EagleHead, embeds: torch.Tensor, features: torch.Tensor,
                          meta: AttentionMetadata, steps: int) -> list[torch.Tensor]:
     """Step j's predicted features for every row ([T, h] each): row t of step j is the chain from
-    base t - j after j + 1 head steps, predicting f_{t+1}. embeds[t] is token t+1's embedding."""
-    attn, preds, inputs = UnrolledAttention(), [], features
+    base t - j after j + 1 head steps, predicting f_{t+1}. embeds[t] is token t+1's embedding;
+    features[t] is what the target's forward gave at t (`head.input_features` reads it)."""
+    attn, preds, inputs = UnrolledAttention(), [], head.input_features(features)
     starts = meta.cu_seqlens_q[:-1]
     for _ in range(steps):
         preds.append(head(inputs, embeds, attn, meta))
@@ -88,8 +91,9 @@ def rows_with_base(meta: AttentionMetadata, step: int) -> torch.Tensor:
 
 def step_losses(head: EagleHead, target, preds: list[torch.Tensor], true_next: torch.Tensor,
                 counted: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """sum_j STEP_DECAY**j x (SmoothL1 + CLS_WEIGHT x CE) over the rows each step can count.
-    The cross-entropy runs over the head's draft vocabulary when it has one (both sides)."""
+    """sum_j STEP_DECAY**j x (SmoothL1 + CLS_WEIGHT x CE) over the rows each step can count (an
+    EAGLE-3 head: the CE alone). true_next are the target's final hidden states at t+1. The
+    cross-entropy runs over the head's draft vocabulary when it has one (both sides)."""
     vocab = head.draft_vocab
     weight = target.lm_head.weight if vocab is None else target.lm_head.weight[vocab]
     total = preds[0].new_zeros(())
@@ -100,8 +104,11 @@ def step_losses(head: EagleHead, target, preds: list[torch.Tensor], true_next: t
         predicted, true = pred[rows], true_next[rows]
         with torch.no_grad():
             target_probs = F.linear(true, weight).float().softmax(-1)
-        ce = -(target_probs * F.linear(predicted, weight).float().log_softmax(-1)).sum(-1).mean()
-        total = total + STEP_DECAY ** j * (F.smooth_l1_loss(predicted, true) + CLS_WEIGHT * ce)
+        ce = -(target_probs * F.linear(head.readout(predicted), weight).float().log_softmax(-1)).sum(-1).mean()
+        if head.predicts_features:
+            total = total + STEP_DECAY ** j * (F.smooth_l1_loss(predicted, true) + CLS_WEIGHT * ce)
+        else:
+            total = total + STEP_DECAY ** j * ce
     return total
 
 

@@ -6,7 +6,7 @@ few loops in C do what no sequence of torch ops can: read the paged pool in plac
 
 The library is built with `$CC` (default `cc`) into `$COURSE_KERNEL_CACHE` (default
 ~/.cache/course-kernels), keyed by the source, the flags, the compiler and the machine
-(-march=native), so an edit or another CPU rebuilds it. It links the OpenMP runtime torch has
+(-march=native, or `$COURSE_CPU_ARCH`), so an edit or another CPU rebuilds it. It links the OpenMP runtime torch has
 already loaded (torch's wheel ships libgomp.so.1 under that name), so its threads are torch's.
 Without a compiler, `KernelUnavailable` says why and the engine keeps its PyTorch code.
 """
@@ -21,7 +21,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-BASE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC"]
+# $COURSE_CPU_ARCH builds for another target than this CPU (haswell: AVX2 + FMA only, the Zen 3
+# hosts' instructions), so one machine can measure another's path (with torch's own switches,
+# ONEDNN_MAX_CPU_ISA=AVX2 and ATEN_CPU_CAPABILITY=avx2)
+BASE_FLAGS = ["-O3", f"-march={os.environ.get('COURSE_CPU_ARCH') or 'native'}", "-fopenmp", "-fPIC"]
 # Linked in a second command, without the compile flags: given -ffast-math at link time, gcc adds
 # crtfastmath.o, whose constructor turns on flush-to-zero for the whole process (torch included).
 LINK_FLAGS = ["-shared", "-fopenmp"]

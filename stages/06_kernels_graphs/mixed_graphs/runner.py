@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..engine import Extension
-from ..graph_runner import Captured, GraphRunner, bucket_sizes
+from ..graph_runner import Captured, GraphRunner, bucket_sizes, replayed, with_taps
 from ..step_inputs import Feed, StepBuffers, StepInputs, step_inputs, upload
 
 SMALLEST = 16  # the smallest token bucket
@@ -75,7 +75,7 @@ class MixedGraphRunner(GraphRunner):
     def logit_rows(self, tokens: int) -> int:
         return min(tokens, self.sample_index.shape[0])
 
-    def _mixed_step(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mixed_step(self, tokens: int) -> tuple[torch.Tensor, ...]:
         """The captured function of a token bucket: `tokens` rows, every sequence slot, and the
         logits of the rows `sample_index` names. `max_query_len` is the bucket's size, a bound
         that depends on the bucket alone (a kernel that sizes its grid by it stays valid)."""
@@ -83,7 +83,7 @@ class MixedGraphRunner(GraphRunner):
         meta = self.backend.build_metadata(**self.buffers.views(tokens, batch, self.width), max_query_len=tokens,
                                            max_seq_len=self.max_seq_len, graphed=True)
         hidden = self.model(self.buffers.input_ids[:tokens], self.backend, meta)
-        return hidden, self.model.compute_logits(hidden[self.sample_index[:self.logit_rows(tokens)]])
+        return with_taps(self.model, (hidden, self.model.compute_logits(hidden[self.sample_index[:self.logit_rows(tokens)]])))
 
     def replay(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int],
                feed: Feed | None = None):
@@ -108,7 +108,7 @@ class MixedGraphRunner(GraphRunner):
         upload(self.sample_index, sample_rows + [0] * (self.sample_index.shape[0] - len(sample_rows)))
         graph = self.mixed_graphs[tokens]
         graph.replay()
-        hidden, logits = graph.outputs
+        hidden, logits = replayed(self.model, graph.outputs, n)
         return hidden[:n], logits[:len(sample_rows)]
 
 

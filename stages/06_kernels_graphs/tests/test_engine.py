@@ -219,3 +219,37 @@ def test_prepare_module_gives_an_extra_module_the_targets_linears(byte_tok, opti
     head = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
     assert engine.prepare_module(head) is head
     assert [type(m).__name__ for m in (head[0], head[2], engine.runner.model.layers[0].qkv)] == [linear] * 3
+
+
+def record_taps(engine, model, layers):
+    """The layers `model` taps (EAGLE-3's drafter reads them), recorded after every step's forward."""
+    model.tap_layers, steps, run = layers, [], engine._run
+
+    def recording(*args, **kwargs):
+        out = run(*args, **kwargs)
+        steps.append(model.tapped.clone())
+        return out
+    engine._run = recording
+    return steps
+
+
+@pytest.mark.parametrize("options", [dict(fused=True), dict(attention_backend="cpu", fused=True),
+                                     dict(attention_backend="cpu", fused=True, cuda_graphs=True)],
+                         ids=["torch-fused", "cpu-one-call-layers", "cpu-graphs"])
+def test_every_path_taps_the_layers_stage01s_model_taps(byte_tok, options):
+    """The fused copy (its residual stream kept apart), the C one-call layers and graph replays
+    hand a drafter the same layer outputs as stage 01's model, step for step."""
+    model = tiny_model("mqa_odd_heads")
+    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **POOLS["roomy"])
+    want_engine = BatchingEngine(model, byte_tok, config, [TINY_EOS])
+    want = record_taps(want_engine, model, (0, 2))
+    want_engine.generate([list(p) for p in PROMPTS], GREEDY)
+    model.tap_layers = ()
+    engine = LLMEngine(model, byte_tok, KernelEngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12,
+                                                           **POOLS["roomy"], **options), [TINY_EOS])
+    got = record_taps(engine, engine.runner.model, (0, 2))
+    engine.generate([list(p) for p in PROMPTS], GREEDY)
+    assert len(got) == len(want)
+    for step, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == (b.shape[0], 2 * model.config.hidden_size)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4, msg=f"step {step}")

@@ -8,14 +8,16 @@ from course.s01_decode_loop.testing import tiny_model
 from course.s02_kv_cache.generate import step_metadata
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.eagle import EagleHead
+from course.s05_speculative.eagle3 import Eagle3Head
 from course.s05_speculative.training.eagle_training import accepted_lengths, step_losses, unrolled_predictions
 
 
-def head_and_inputs(model, lengths, seed=0):
+def head_and_inputs(model, lengths, seed=0, kind="eagle"):
+    """A head, and inputs as the target gives them: final hidden states, or for EAGLE-3 its taps."""
     torch.manual_seed(seed)
-    head = EagleHead(model.config).eval()
+    head = (Eagle3Head(model.config) if kind == "eagle3" else EagleHead(model.config)).eval()
     h, total = model.config.hidden_size, sum(lengths)
-    features = torch.randn(total, h)
+    features = torch.randn(total, h * max(1, len(head.tap_layers)))
     tokens = torch.randint(0, model.config.vocab_size, (total,))
     return head, features, model.model.embed_tokens(tokens), AttentionMetadata.for_full_sequences(lengths)
 
@@ -24,7 +26,7 @@ def chain_from(head, features, embeds, base):
     """What EagleDrafter does: true entries for positions 0..base in the head's cache, then each
     step feeds back its own prediction; returns the predictions of steps 0, 1, ..."""
     cache = KVCache(head.config, 64, features.dtype, features.device)
-    out = head(features[:base + 1], embeds[:base + 1], ContiguousKVAttention(cache), step_metadata(0, base + 1, "cpu"))
+    out = head(head.input_features(features[:base + 1]), embeds[:base + 1], ContiguousKVAttention(cache), step_metadata(0, base + 1, "cpu"))
     preds = [out[-1]]
     for j in range(1, len(embeds) - base):
         position = base + j
@@ -34,14 +36,15 @@ def chain_from(head, features, embeds, base):
     return preds
 
 
-@pytest.mark.parametrize("config", ["mha_untied", "gqa_tied", "mqa_odd_heads"])
-def test_unrolled_steps_equal_chain_drafting_from_every_base(config):
+@pytest.mark.parametrize("config,kind", [("mha_untied", "eagle"), ("gqa_tied", "eagle"), ("mqa_odd_heads", "eagle"),
+                                         ("mha_untied", "eagle3"), ("mqa_odd_heads", "eagle3")])
+def test_unrolled_steps_equal_chain_drafting_from_every_base(config, kind):
     model = tiny_model(config)
     lengths = [9, 6]  # two packed sequences: nothing may leak across the boundary
-    head, features, embeds, meta = head_and_inputs(model, lengths)
+    head, features, embeds, meta = head_and_inputs(model, lengths, kind=kind)
     with torch.no_grad():
         preds = unrolled_predictions(head, embeds, features, meta, steps=4)
-        step0 = head(features, embeds, FullCausalAttention(), meta)
+        step0 = head(head.input_features(features), embeds, FullCausalAttention(), meta)
     torch.testing.assert_close(preds[0], step0)  # step 0 is EAGLE-1's teacher-forced step
     for start, length in zip([0, 9], lengths):
         f, e = features[start:start + length], embeds[start:start + length]
@@ -69,15 +72,18 @@ def test_draft_vocabulary_drafts_only_its_tokens_and_round_trips(tmp_path):
     torch.testing.assert_close(again.draft_logits(model, features), logits, atol=0.05, rtol=0.05)  # bf16 weights
 
 
-def test_step_losses_count_only_rows_with_a_base_and_train_every_step():
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_step_losses_count_only_rows_with_a_base_and_train_every_step(kind):
     model = tiny_model("mha_untied")
-    head, features, embeds, meta = head_and_inputs(model, [5, 4])
+    head, features, embeds, meta = head_and_inputs(model, [5, 4], kind=kind)
     head.train()
     counted = torch.ones(9, dtype=torch.bool)
     preds = unrolled_predictions(head, embeds, features, meta, steps=3)
     loss = step_losses(head, model, preds, torch.randn(9, model.config.hidden_size), counted, meta)
     loss.backward()
     assert torch.isfinite(loss) and head.fc.weight.grad.abs().sum() > 0
+    if kind == "eagle3":  # the fusing layer and the readout norm train with the rest
+        assert head.fuse.weight.grad.abs().sum() > 0 and head.norm.weight.grad.abs().sum() > 0
     # a step whose rows all lack a base adds nothing: 5 steps on sequences of <= 5 rows
     preds = unrolled_predictions(head, embeds, features, meta, steps=6)
     with torch.no_grad():

@@ -128,3 +128,17 @@ def test_loading_the_kernels_leaves_float_subnormals_alone():
     assert kernel_unavailable() is None and ops_unavailable() is None
     tiny = torch.tensor(1e-38, dtype=torch.float32)
     assert (tiny / 100).item() != 0.0
+
+
+def test_course_cpu_arch_builds_the_kernels_for_another_target():
+    """`COURSE_CPU_ARCH=haswell` (AVX2 + FMA) builds what a Zen 3 host would, on any x86 machine,
+    so its path can be measured here; the default is this machine's own."""
+    import os
+    import subprocess
+    import sys
+
+    show = "from course.s06_kernels_graphs.cpu import native; print(' '.join(native.BASE_FLAGS))"
+    for arch, flag in [("haswell", "-march=haswell"), ("", "-march=native")]:
+        env = {**os.environ, "COURSE_CPU_ARCH": arch}
+        out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True).stdout
+        assert flag in out.split()
