@@ -98,7 +98,7 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
                                     record_steps=False, **graph_options(args, blocks), **options)
         llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
         if speculative.method != "none" and args.speculative_policy == "cost":
-            llm.draft_policy = CostModelPolicy(speculative.num_speculative_tokens)
+            llm.draft_policy = CostModelPolicy()
         if tp:  # every rank builds the same runner and pool; each step is broadcast from here
             tp.attach(llm)
         warm_up(llm)

@@ -117,10 +117,10 @@ def load_eagle_head(path: Path, target) -> EagleHead:
         raise ValueError(f"cannot load the EAGLE head {path}: no such file; train one for your model with "
                          f"`{TRAIN_A_HEAD}`")
     try:
-        with safe_open(str(path), "pt") as f:
-            made_by = (f.metadata() or {}).get("command", "a training run for another model")
         return EagleHead.load(path, target)
     except HeadMismatch as e:
+        with safe_open(str(path), "pt") as f:  # the command that made it, from its metadata
+            made_by = (f.metadata() or {}).get("command", "a training run for another model")
         config = target.config
         raise ValueError(f"cannot load the EAGLE head {path} for this model ({config.architecture}, hidden size "
                          f"{config.hidden_size}, {config.num_hidden_layers} layers, vocabulary {config.vocab_size}): "

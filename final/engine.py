@@ -175,7 +175,8 @@ class Engine(LLMEngine):
         """The forward, with the batch's grammar masks filled on a worker thread meanwhile; then
         the `after_forward` hooks."""
         pending = self.mask_prefetcher.start(chunks) if self.mask_prefetcher else None
-        self._step_shape = (sum(n for _, n in chunks), all(req.num_uncomputed == 1 for req, _ in chunks))
+        if self.draft_policy is not None:  # what the policy fits the step's time against
+            self._step_shape = (sum(n for _, n in chunks), all(req.num_uncomputed == 1 for req, _ in chunks))
         try:
             logits = super()._run(chunks, feed)
             if self.source is not None:

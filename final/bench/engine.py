@@ -100,7 +100,7 @@ def make_engine(loaded, concurrency: int, budget: int, spec=None, engine: str = 
     config = KernelEngineConfig(**(sizes | kernel_defaults("cuda" if torch.cuda.is_available() else "cpu") | features))
     llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, spec, prefetch_masks=prefetch_masks)
     if policy:
-        llm.draft_policy = CostModelPolicy(spec.num_speculative_tokens)
+        llm.draft_policy = CostModelPolicy()
     return llm
 
 

@@ -87,8 +87,7 @@ class Acceptance:
 class CostModelPolicy:
     """Chooses each request's draft length per step (see the module's docstring)."""
 
-    def __init__(self, max_drafts: int):
-        self.max_drafts = max_drafts
+    def __init__(self):
         self.step_time = LinearFit()    # seconds of an all-decode step against its rows
         self.draft_time = LinearFit()   # seconds of a proposal against the tokens it drafts
         self.everyone = Acceptance()    # the engine-wide prior

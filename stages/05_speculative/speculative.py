@@ -67,25 +67,34 @@ def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list
     return model(ids, attn, step_metadata(start, len(token_ids), model.device))
 
 
-@torch.no_grad()
-def measure_verify_cost(model: CausalLM, context: int = 128, widths=(1, 2, 3, 5, 9, 17), reps: int = 5) -> VerifyCost:
-    """What verifying costs on this machine: one target forward over w new tokens after `context`
-    cached ones, the fastest of `reps`, at a few widths (measured once, at start-up)."""
-    cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
+def verifier(model: CausalLM, context: int, widest: int):
+    """verify(width): one target forward over `width` new tokens after the same `context` cached
+    ones (the verify step of k = width - 1), rolled back after each call, for timing."""
+    cache = KVCache(model.config, context + widest, model.dtype, model.device)
     vocab = model.config.vocab_size
     forward_hidden(model, ContiguousKVAttention(cache), [(100 + i) % vocab for i in range(context)])
-    seconds = {}
+
+    @torch.no_grad()
+    def verify(width: int) -> None:
+        cache.num_tokens = context
+        model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+    return verify
+
+
+def measure_verify_cost(model: CausalLM, context: int = 128, widths=(1, 2, 3, 5, 9, 17), reps: int = 5) -> VerifyCost:
+    """What verifying costs on this machine: the fastest of `reps` verify forwards (after one
+    warm-up) at a few widths, measured once, at start-up."""
+    verify, seconds = verifier(model, context, max(widths)), {}
     for width in widths:
-        best = float("inf")
-        for attempt in range(reps + 1):  # the first is a warm-up
-            cache.num_tokens = context
+        verify(width)
+        times = []
+        for _ in range(reps):
             start = time.perf_counter()
-            model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
-            if model.device.type == "cuda":
-                torch.cuda.synchronize()
-            if attempt:
-                best = min(best, time.perf_counter() - start)
-        seconds[width] = best
+            verify(width)
+            times.append(time.perf_counter() - start)
+        seconds[width] = min(times)
     return VerifyCost(seconds)
 
 

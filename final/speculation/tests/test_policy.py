@@ -10,9 +10,9 @@ from course.s01_decode_loop.testing import TINY_EOS, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 
-def measured(fixed=0.020, per_row=0.001, per_draft=0.002, k=4, rates=None):
+def measured(fixed=0.020, per_row=0.001, per_draft=0.002, rates=None):
     """A policy that has seen steps costing fixed + per_row x rows, and draft steps of per_draft."""
-    policy = CostModelPolicy(k)
+    policy = CostModelPolicy()
     for rows in [1, 2, 3, 5, 8, 1, 4, 6, 2, 7]:
         policy.observe_step(rows, fixed + per_row * rows, all_decode=True)
     policy.observe_drafting(-1, 1, 5.0)  # a first proposal (the prompt's catch-up): left out
@@ -35,7 +35,7 @@ def test_the_step_fit_recovers_fixed_and_per_row_costs():
 
 
 def test_before_the_costs_are_measured_every_request_drafts_up_to_its_limit():
-    policy = CostModelPolicy(4)
+    policy = CostModelPolicy()
     for _ in range(WARM_UP_STEPS - 1):
         policy.observe_step(5, 0.03, all_decode=True)
     assert policy.lengths({1: 4, 2: 2}) == {1: 4, 2: 2}

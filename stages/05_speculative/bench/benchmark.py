@@ -33,7 +33,7 @@ from course.s02_kv_cache.generate import stream_cached
 from ..draft_model import DraftModelDrafter, truncated_model
 from ..eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
 from ..prompt_lookup import PromptLookupDrafter
-from ..speculative import SpecStats, stream_speculative, stream_tree_speculative
+from ..speculative import SpecStats, stream_speculative, stream_tree_speculative, verifier
 
 JSON_SUBJECTS = ["the planet Mars", "a cup of coffee", "the Python programming language", "a mountain bike",
                  "the city of Paris", "a honeybee"]
@@ -125,23 +125,11 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
             "tree": TREE, "rows": rows}
 
 
-@torch.no_grad()
 def verify_cost(model, context: int = 128, widths=(1, 2, 3, 4, 5, 7, 17), reps: int = 10) -> dict[int, float]:
     """Seconds for one target forward over `width` new tokens after `context` cached ones (the
     verify step of k = width - 1), median of `reps`. Speculation pays only while the accepted
     length grows faster than this cost."""
-    from course.s02_kv_cache.generate import forward_step
-    from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
-
-    from ..speculative import forward_hidden
-
-    cache = KVCache(model.config, context + max(widths), model.dtype, model.device)
-    forward_step(model, ContiguousKVAttention(cache), list(range(100, 100 + context)))
-
-    def verify(width: int) -> None:
-        cache.num_tokens = context  # roll back: every call verifies after the same context
-        model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
-
+    verify = verifier(model, context, max(widths))
     return {width: median_of(verify, width, repeats=reps, warmup=0) for width in widths}
 
 

@@ -91,7 +91,7 @@ def sharegpt_samples(tokenizer, n: int, exclude: set[str], max_prompt_tokens: in
 def cached_jsonl(path: Path, make) -> list[dict]:
     """Rows of `path`, made by `make()` and written once (so a resumed run reuses them)."""
     if path.exists():
-        return [json.loads(line) for line in path.read_text().splitlines()]
+        return read_jsonl(path)
     rows = make()
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
