@@ -25,6 +25,7 @@ from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
+from .speculation.trees import TreeDrafting
 from .security.api_key import Door, guard
 from .security.options import add_door_args, door_from_args, uvicorn_options
 from .metrics import ServerMetrics
@@ -78,6 +79,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     max_request_bytes = parse_size(args.max_request_bytes, "--max-request-bytes")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], not {args.gpu_memory_utilization}")
+    if args.speculative_tree and args.speculative_method != "eagle":
+        raise ValueError("--speculative-tree needs --speculative-method eagle (an EAGLE head drafts the trees)")
     policy = scheduling_policy(args)  # reads the cost model: a bad path fails before the model loads
     options = kernel_options(args)
     print(f"device {device}, {str(dtype).removeprefix('torch.')}; " + describe_kernels(options, device, dtype),
@@ -99,6 +102,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
         llm = Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
         if speculative.method != "none" and args.speculative_policy == "cost":
             llm.draft_policy = CostModelPolicy()
+        if args.speculative_tree:
+            llm.trees = TreeDrafting(llm, args.speculative_tree_nodes)
         if tp:  # every rank builds the same runner and pool; each step is broadcast from here
             tp.attach(llm)
         warm_up(llm)
@@ -146,6 +151,9 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
                     help="the EAGLE head file (default: stage 05's, trained for SmolLM2-135M-Instruct)")
     sp.add_argument("--speculative-disable-by-batch-size", type=int,
                     help="no speculation in steps with more running requests than this")
+    sp.add_argument("--speculative-tree", action="store_true",
+                    help="greedy requests draft EAGLE-2 trees, --num-speculative-tokens deep (eagle only)")
+    sp.add_argument("--speculative-tree-nodes", type=int, default=8, help="at most this many nodes a tree")
     sp.add_argument("--speculative-policy", choices=["cost", "fixed"], default="cost",
                     help="cost: each request's draft length per step from measured costs and its acceptance "
                          "(final/speculation/); fixed: k for every request")

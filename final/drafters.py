@@ -16,6 +16,7 @@ from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.prompt_lookup import PromptLookupDrafter
+from course.s05_speculative.tree import Tree
 
 
 class DraftSource:
@@ -73,6 +74,13 @@ class EagleSource(DraftSource):
         if drafter is None or drafter.num_features != req.num_computed_tokens:
             return Draft([])  # it has not seen every computed position yet (cannot happen when caught up)
         return drafter.propose(req.seq, k)
+
+    def propose_tree(self, req: Request, depth: int, max_nodes: int, cost=None) -> Tree:
+        """An EAGLE-2 tree (stage 05's propose_tree: 4 children per expanded node), sized by `cost`."""
+        drafter = self.per_request.get(req.request_id)
+        if drafter is None or drafter.num_features != req.num_computed_tokens:
+            return Tree()
+        return drafter.propose_tree(req.seq, depth, top_k=4, max_nodes=max_nodes, cost=cost)
 
     def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
         self._drafter(req).observe(hidden, start)

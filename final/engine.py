@@ -33,7 +33,7 @@ import torch
 from course.s04_continuous_batching.batch_sampler import samples_on_device
 from course.s04_continuous_batching.engine import StepOutput
 from course.s04_continuous_batching.request import Request
-from course.s05_speculative.drafter import Drafter
+from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.speculative import SpecStats, emit, processed_rows
 from course.s05_speculative.verify import accept_greedy, verify_greedy, verify_sampled
 from course.s06_kernels_graphs.engine import LLMEngine
@@ -57,6 +57,7 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative method {self.method!r}; choose one of {list(METHODS)}")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
+
 
 
 @dataclass(eq=False)
@@ -97,6 +98,8 @@ class Engine(LLMEngine):
         # chooses each request's draft length per step from measured costs (speculation/);
         # None: k for every request, and none above disable_by_batch_size
         self.draft_policy = None
+        # EAGLE-2 trees for greedy requests (speculation/trees.py, --speculative-tree); None: chains
+        self.trees = None
         self._step_shape = (0, False)  # the last forward's rows, and whether every row was a decode
 
     def add_request(self, prompt_ids, params, priority: int = 0, *, speculative: bool = True, grammar=None) -> int:
@@ -133,6 +136,8 @@ class Engine(LLMEngine):
 
     def _propose(self) -> None:
         self.drafts.clear()
+        if self.trees is not None:
+            self.trees.drafted.clear()
         limit = self.speculative.disable_by_batch_size
         if self.source is None or (limit is not None and len(self.scheduler.running) > limit):
             return  # a wide batch is no longer memory-bound: verifying k more rows each costs more than it saves
@@ -149,13 +154,18 @@ class Engine(LLMEngine):
         for rid, k in limits.items():
             if k > 0:
                 req, started = requests[rid], time.perf_counter()
-                draft = self.source.propose(req, k)
-                if self.draft_policy is not None:  # what a draft step costs on this machine
-                    self.draft_policy.observe_drafting(rid, len(draft.tokens), time.perf_counter() - started)
+                tree = self.trees.propose(req, k) if self.trees is not None and self._reads_argmax(req) else None
+                draft = Draft(tree.tokens) if tree is not None else self.source.propose(req, k)
+                if self.draft_policy is not None:  # what a draft step (a tree's: a level) costs on this machine
+                    steps = len(draft.tokens) if tree is None else max(tree.depths, default=0)
+                    self.draft_policy.observe_drafting(rid, steps, time.perf_counter() - started)
                 tokens = self._grammar_prefix(req, list(draft.tokens))
                 if tokens:
                     self.drafts[rid] = tokens
                     self.draft_probs[rid] = draft.probs
+
+    def _trees(self, chunks) -> dict | None:
+        return self.trees.layouts(chunks, self.drafts) if self.trees is not None else None
 
     @staticmethod
     def _grammar_prefix(req: ServedRequest, tokens: list[int]) -> list[int]:
@@ -225,10 +235,14 @@ class Engine(LLMEngine):
                     i += 1
                 continue
             rows, i = logits[i:i + len(drafts) + 1], i + len(drafts) + 1
+            tree, kept = self.trees.drafted.get(req.request_id) if self.trees else None, None  # kept: rows that stay
             try:
-                emitted = (accept_greedy(argmax[i - len(drafts) - 1:i], drafts) if self._reads_argmax(req)
-                           else self._verify(req, rows, drafts))
-                self._count(req, drafts, emitted)
+                if tree is not None:  # its accepted path, its nodes' K/V moved next to the root
+                    emitted, kept = self.trees.accept(req, start, argmax[i - len(drafts) - 1:i])
+                else:
+                    emitted = (accept_greedy(argmax[i - len(drafts) - 1:i], drafts) if self._reads_argmax(req)
+                               else self._verify(req, rows, drafts))
+                self._count(req, drafts, emitted, max(tree.depths) if tree is not None else len(drafts))
             except Exception as e:  # fail this request alone, as stage 04 does
                 req.finish_reason, req.error = "error", e
                 self.scheduler.finish(req)
@@ -236,7 +250,8 @@ class Engine(LLMEngine):
                 continue
             req.num_computed_tokens += len(emitted)  # the last token + accepted drafts have K/V now
             self.blocks.truncate(req.request_id, req.num_computed_tokens)
-            self.source.observe(req, self.last_features[row - n:row - n + len(emitted)], start)  # kept rows only
+            features = self.last_features[row - n:row]
+            self.source.observe(req, features[kept] if kept else features[:len(emitted)], start)  # kept rows only
             for event in emit(req.seq, emitted):
                 outputs.append(StepOutput(req.request_id, event))
                 if event.finish_reason:
@@ -265,10 +280,11 @@ class Engine(LLMEngine):
     def _reads_argmax(req) -> bool:
         return req.seq.params.greedy and samples_on_device(req.seq)  # no processors, penalties, logprobs
 
-    def _count(self, req: Request, drafts: list[int], emitted: list[int]) -> None:
+    def _count(self, req: Request, drafts: list[int], emitted: list[int], depth: int) -> None:
+        """depth: the draft's positions (a chain's length, a tree's depth), as the policy counts them."""
         self.spec_stats.record(len(drafts), len(emitted))
         if self.draft_policy is not None:
-            self.draft_policy.record(req.request_id, len(drafts), len(emitted) - 1)
+            self.draft_policy.record(req.request_id, depth, len(emitted) - 1)
         for position in range(len(emitted) - 1):
             self.accepted_per_position[position] += 1
 

@@ -25,7 +25,8 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s05_speculative.training.eagle_data import heldout_prompts
 
 SYSTEMS = ["off|", "eagle k=4, fixed|--speculative-method eagle --speculative-policy fixed",
-           "eagle k=4, cost policy|--speculative-method eagle"]
+           "eagle k=4, cost policy|--speculative-method eagle",
+           "eagle tree k=4, cost policy|--speculative-method eagle --speculative-tree"]
 
 
 def engine_for(flags: str):
@@ -39,16 +40,18 @@ def engine_for(flags: str):
 def serve_one_at_a_time(llm, prompts: list[list[int]], params: SamplingParams) -> dict:
     """Each prompt alone, in turn; the seconds spent in the drafter's proposals counted apart."""
     drafting = [0.0]
-    if llm.source is not None:
-        propose = llm.source.propose
 
-        def timed(req, k):
+    def timed(propose):
+        def call(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return propose(req, k)
+                return propose(*args, **kwargs)
             finally:
                 drafting[0] += time.perf_counter() - start
-        llm.source.propose = timed
+        return call
+    for name in ("propose", "propose_tree"):  # chains and trees
+        if llm.source is not None and hasattr(llm.source, name):
+            setattr(llm.source, name, timed(getattr(llm.source, name)))
     llm.generate([prompts[0]], SamplingParams(max_new_tokens=8, temperature=0.0))  # warm
     llm.spec_stats.__init__()
     outputs, start = [], time.perf_counter()

@@ -123,6 +123,15 @@ class CostModelPolicy:
         self.caught_up &= alive
 
     # -- the choice ----------------------------------------------------------------------------
+    def verify_cost(self, other_rows: int):
+        """A step's seconds as a function of one request's rows (a tree's verify width), the
+        step's other rows fixed; None until the costs are measured."""
+        costs = self.costs()
+        if costs is None:
+            return None
+        fixed, per_row = costs[0], costs[1]
+        return lambda width: fixed + per_row * (other_rows + width)
+
     def costs(self) -> tuple[float, float, float, float] | None:
         """(fixed seconds of a step, seconds per row, per proposal, per draft token), once measured."""
         fit = self.step_time.slope_intercept()

@@ -98,6 +98,7 @@ def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
      "no such file"),
     (["--model", "{tiny}", "--speculative-method", "lookup", "--num-speculative-tokens", "300"], "leaves no room"),
     (["--model", "{tiny}", "--speculative-method", "lookup", "--num-speculative-tokens", "0"], "at least 1"),
+    (["--model", "{tiny}", "--speculative-method", "lookup", "--speculative-tree"], "needs --speculative-method eagle"),
     (["--model", "{tiny}", "--quantization", "int8", "--no-fused"], "needs the fused model"),
     (["--model", "{tiny}", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
 ])

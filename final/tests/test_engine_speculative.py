@@ -4,8 +4,9 @@ prefill in chunks beside drafted decodes, hit the prefix cache and get preempted
 import pytest
 import torch
 
-from course.final.drafters import EagleSource, make_source
+from course.final.drafters import DraftSource, EagleSource, make_source
 from course.final.engine import Engine, SpeculativeConfig
+from course.final.speculation.trees import TreeDrafting
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
@@ -13,6 +14,7 @@ from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import EagleHead
 from course.s05_speculative.eagle3 import Eagle3Head
+from course.s05_speculative.tree import Tree
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 SHARED = b"You are a helpful assistant. "
@@ -356,3 +358,121 @@ def test_draft_free_requests_share_one_batched_sampling_call_per_step(byte_tok, 
         shared_with_drafts += bool(any(engine.drafts.values()) and calls[before:] and calls[-1] >= 2)
     assert shared_with_drafts  # several draft-free rows in one call, in steps that also verified drafts
     assert [engine.requests[r].seq.output_ids for r in ids] == reference(model, byte_tok, params, "roomy")
+
+
+def tree_engine(model, tok, config, source, k=3):
+    """An engine drafting EAGLE-2 trees k deep (cli.py's --speculative-tree) from `source`."""
+    engine = Engine(model, tok, config, [TINY_EOS], SpeculativeConfig("eagle", k), drafter=source)
+    engine.trees = TreeDrafting(engine)
+    return engine
+
+
+class TreeOracle(DraftSource):
+    """Trees whose right answer hides on a later branch at every level: each level offers a
+    wrong token first and the request's true next token second (then a wrong sibling of it), so
+    accepted nodes sit at scattered rows and their K/V must be moved to the right slots."""
+
+    def __init__(self, truth: dict[tuple, list[int]]):
+        super().__init__(None)
+        self.truth, self.trees = truth, 0
+
+    def features_of(self, hidden):
+        return hidden
+
+    def propose(self, req, k):
+        return Draft([])
+
+    def propose_tree(self, req, depth, max_nodes, cost=None):
+        future = self.truth[tuple(req.seq.prompt_ids)][len(req.seq.output_ids):][:depth]
+        tree, parent = Tree(), -1
+        for token in future:
+            if len(tree) + 2 > max_nodes:
+                break
+            tree.add((token + 1) % 256, parent)
+            parent = tree.add(token, parent)
+        self.trees += len(tree) > 0
+        return tree
+
+
+@pytest.mark.parametrize("kernels", [{"attention_backend": "torch"},
+                                     {"attention_backend": "cpu", "fused": True},
+                                     {"attention_backend": "cpu", "fused": True, "one_call_layers": False}])
+@pytest.mark.parametrize("pool", sorted(POOLS))
+def test_trees_in_the_batch_keep_every_greedy_token(byte_tok, pool, kernels):
+    """Trees verified inside the batch (torch, the C kernel, the C one-call layers): accepted
+    branches at scattered rows, their K/V moved into place, beside prefill chunks and through
+    preemption, give the tokens a run without speculation gives; and a random EAGLE head's
+    own trees do too."""
+    model = tiny_model("gqa_tied")
+    want = reference(model, byte_tok, GREEDY, pool)
+    oracle = TreeOracle({tuple(p): w for p, w in zip(PROMPTS, want)})
+    config = KernelEngineConfig(num_blocks=POOLS[pool], block_size=4, max_num_seqs=4, max_num_batched_tokens=12,
+                                **kernels)
+    for source in (oracle, random_eagle(model)):
+        engine = tree_engine(model, byte_tok, config, source)
+        got = [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], GREEDY)]
+        assert got == want
+        assert engine.spec_stats.proposed > 0
+        assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    assert oracle.trees > 0
+    if pool == "tight":
+        assert engine.stats()["preemptions"] > 0
+
+
+def test_accepted_tree_nodes_move_next_to_the_root():
+    from course.final.speculation.trees import move_accepted_kv
+    from course.s03_paged.paged_attention import PagedKVCache
+
+    cache = PagedKVCache(tiny_model("gqa_tied").config, 8, 4)
+    cache.k.copy_(torch.arange(cache.k.numel(), dtype=torch.float32).view_as(cache.k))
+    cache.v.copy_(-cache.k)
+    before_k, table = cache.k.clone(), [5, 2, 7]
+    slot = lambda p: (table[p // 4], p % 4)  # noqa: E731
+    move_accepted_kv(cache, table, start=3, path=[1, 4])  # nodes 1 and 4: slots 5 and 8 -> 4 and 5
+    for src, dst in [(5, 4), (8, 5)]:
+        assert torch.equal(cache.k[:, slot(dst)[0], slot(dst)[1]], before_k[:, slot(src)[0], slot(src)[1]])
+        assert torch.equal(cache.v[:, slot(dst)[0], slot(dst)[1]], -before_k[:, slot(src)[0], slot(src)[1]])
+    assert torch.equal(cache.k[:, slot(3)[0], slot(3)[1]], before_k[:, slot(3)[0], slot(3)[1]])  # the root stays
+
+
+def test_trees_need_an_eagle_drafter_and_a_backend_that_masks_them(byte_tok):
+    model = tiny_model("gqa_tied")
+    config = KernelEngineConfig(num_blocks=16, block_size=4, max_num_batched_tokens=12, attention_backend="torch")
+    with pytest.raises(ValueError, match="drafted by an EAGLE head"):
+        TreeDrafting(Engine(model, byte_tok, config, speculative=SpeculativeConfig("lookup", 3)))
+    with pytest.raises(ValueError, match="1 to 63 nodes"):
+        TreeDrafting(Engine(model, byte_tok, config, speculative=SpeculativeConfig("eagle", 3),
+                            drafter=random_eagle(model)), max_nodes=64)
+
+
+@pytest.mark.parametrize("kernels", [{"attention_backend": "torch"},
+                                     {"attention_backend": "cpu", "fused": True},
+                                     {"attention_backend": "cpu", "fused": True, "one_call_layers": False}])
+def test_after_every_tree_step_the_cache_holds_the_emitted_tokens_kv(byte_tok, kernels):
+    """The strict check behind the tokens: after each step the request's K/V, position by
+    position, is what a plain prefill of its tokens computes, so the tree's rows were placed at
+    their depths, attended along their own paths, and the accepted ones moved into place."""
+    from course.s02_kv_cache.generate import step_metadata
+    from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
+
+    model = tiny_model("gqa_tied")
+    want = reference(model, byte_tok, GREEDY, "roomy")
+    oracle = TreeOracle({tuple(p): w for p, w in zip(PROMPTS, want)})
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **kernels)
+    engine = tree_engine(model, byte_tok, config, oracle)
+    rid = engine.add_request(list(PROMPTS[2]), GREEDY)
+    checked = 0
+    while engine.has_unfinished():
+        engine.step()
+        req = engine.requests[rid]
+        if req.finished:
+            break
+        n, table = req.num_computed_tokens, engine.blocks.tables[rid]
+        slots = torch.tensor([table[p // 4] * 4 + p % 4 for p in range(n)])
+        got = engine.cache.k.flatten(1, 2)[:, slots]  # [layers, n, kv heads, d]
+        cache = KVCache(model.config, n)
+        with torch.no_grad():
+            model(torch.tensor(req.all_ids[:n]), ContiguousKVAttention(cache), step_metadata(0, n, "cpu"))
+        torch.testing.assert_close(got, cache.k[:, :n], atol=1e-4, rtol=1e-4)
+        checked += 1
+    assert checked > 3 and oracle.trees > 3 and engine.spec_stats.accepted > 0

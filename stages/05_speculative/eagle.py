@@ -27,6 +27,7 @@ hooks it overrides are `input_features` and `readout`.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import torch
@@ -87,16 +88,28 @@ class EagleHead(nn.Module):
     def draft_logits(self, target: CausalLM, features: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits of the head's outputs [n, h] -> [n, vocab]: the target's own
         lm_head, or with a draft vocabulary only its rows (the rest -inf: never drafted)."""
-        features = self.readout(features)
         if self.draft_vocab is None:
-            return target.compute_logits(features)
-        weight = target.lm_head.weight
-        if self._draft_rows is None or self._draft_rows[0] is not weight:  # sliced once per target
-            self._draft_rows = (weight, weight.detach()[self.draft_vocab].contiguous())
-        small = torch.nn.functional.linear(features, self._draft_rows[1]).float()
+            return target.compute_logits(self.readout(features))
+        small = self._draft_vocab_logits(target, features)
         full = small.new_full((features.shape[0], self.config.vocab_size), float("-inf"))
         full[:, self.draft_vocab] = small
         return full
+
+    def draft_top(self, target: CausalLM, features: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k likeliest tokens after each output [n, h]: (log-probabilities, token ids), both
+        [n, k]. With a draft vocabulary the softmax runs over its rows only (the same values:
+        the rest are -inf), not over the whole vocabulary."""
+        if self.draft_vocab is None:
+            top = torch.log_softmax(self.draft_logits(target, features), dim=-1).topk(k, dim=-1)
+            return top.values, top.indices
+        top = torch.log_softmax(self._draft_vocab_logits(target, features), dim=-1).topk(k, dim=-1)
+        return top.values, self.draft_vocab[top.indices]
+
+    def _draft_vocab_logits(self, target: CausalLM, features: torch.Tensor) -> torch.Tensor:
+        weight = target.lm_head.weight
+        if self._draft_rows is None or self._draft_rows[0] is not weight:  # sliced once per target
+            self._draft_rows = (weight, weight.detach()[self.draft_vocab].contiguous())
+        return torch.nn.functional.linear(self.readout(features), self._draft_rows[1]).float()
 
     def save(self, path: str | Path, meta: dict | None = None) -> None:
         tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).detach().contiguous()
@@ -207,21 +220,24 @@ class EagleDrafter(Drafter):
         tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size)."""
         if depth == 0:
             return Tree()
+        started = time.perf_counter()
         root_feature = self._catch_up(seq)
         true_len, last = self.cache.num_tokens, self.num_features - 1  # drafting entries go after true_len
         tree, scores, feature_in, slots = Tree(), [], {}, []  # slots: node expanded at each slot
 
-        def add_children(parent: int, predicted: torch.Tensor, parent_score: float) -> list[int]:
-            logp = torch.log_softmax(self.head.draft_logits(self.target, predicted[None])[0], dim=-1)
-            top = torch.topk(logp, top_k)
+        def add_children(parents: list[int], predicted: torch.Tensor) -> list[int]:
+            """top_k children for each parent (-1: the root) from the head's outputs [n, h], one
+            lm_head product for all of them."""
+            values, ids = self.head.draft_top(self.target, predicted, top_k)
             born = []
-            for lp, tok in zip(top.values.tolist(), top.indices.tolist()):
-                born.append(tree.add(tok, parent))
-                scores.append(parent_score + lp)
-                feature_in[born[-1]] = predicted
+            for parent, feature, values, ids in zip(parents, predicted, values.tolist(), ids.tolist()):
+                for lp, tok in zip(values, ids):
+                    born.append(tree.add(tok, parent))
+                    scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                    feature_in[born[-1]] = feature
             return born
 
-        frontier = add_children(-1, root_feature, 0.0)
+        frontier = add_children([-1], root_feature[None])
         for _ in range(depth - 1):
             expand = sorted(frontier, key=lambda u: -scores[u])[:top_k]
             ancestors = [set(tree.path_to(u)) for u in expand]
@@ -234,10 +250,10 @@ class EagleDrafter(Drafter):
             out = self.head(torch.stack([feature_in[u] for u in expand]), embeds,
                             TreeAttention(self.cache, true_len, mask), block_metadata(start, positions, embeds.device))
             slots += expand
-            frontier = [c for j, u in enumerate(expand) for c in add_children(u, out[j], scores[u])]
+            frontier = add_children(expand, out)
         self.cache.num_tokens = true_len  # drop the drafting entries
         if cost is not None:
-            max_nodes = tree_size(scores, cost, max_nodes)
+            max_nodes = tree_size(scores, cost, max_nodes, drafting=time.perf_counter() - started)
         keep = sorted(sorted(range(len(tree)), key=lambda u: -scores[u])[:max_nodes])
         kept, index = Tree(), {}
         for u in keep:  # creation order: parents before children

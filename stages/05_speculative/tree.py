@@ -14,7 +14,8 @@ sampling for trees is left out).
 How many nodes to verify is a trade: on a GPU a forward over 17 tokens costs about what one
 costs, on our CPU 2.66x. Given what a verify of t tokens costs here (`VerifyCost`, measured once)
 and each drafted node's chance to be accepted (EAGLE-2 reads it off the path's probability),
-`tree_size` keeps the m best nodes that maximize expected tokens per second of verifying.
+`tree_size` keeps the m best nodes that maximize expected tokens per second of the step
+(drafting included).
 """
 from __future__ import annotations
 
@@ -138,14 +139,15 @@ class VerifyCost:
         return ta + (tb - ta) * (width - a) / (b - a)
 
 
-def tree_size(log_probs: list[float], cost, max_nodes: int) -> int:
-    """How many of the best drafted nodes to verify: the m <= max_nodes that maximizes
-    (1 + sum of their acceptance chances) / cost(1 + m), a node's chance being exp(its path's
-    log-probability). 0 means a plain one-token step pays best."""
+def tree_size(log_probs: list[float], cost, max_nodes: int, drafting: float = 0.0) -> int:
+    """How many of the best drafted nodes to verify: the m <= max_nodes that maximizes the step's
+    (1 + sum of their acceptance chances) / (drafting + cost(1 + m)), a node's chance being
+    exp(its path's log-probability) and `drafting` the seconds the tree took to draft (spent
+    whatever m is, so it makes every extra node relatively cheaper). 0: verify no draft."""
     chances = sorted((math.exp(lp) for lp in log_probs), reverse=True)[:max_nodes]
-    best, best_rate, expected = 0, 1.0 / cost(1), 1.0
+    best, best_rate, expected = 0, 1.0 / (drafting + cost(1)), 1.0
     for m, chance in enumerate(chances, 1):
         expected += chance
-        if expected / cost(1 + m) > best_rate:
-            best, best_rate = m, expected / cost(1 + m)
+        if expected / (drafting + cost(1 + m)) > best_rate:
+            best, best_rate = m, expected / (drafting + cost(1 + m))
     return best

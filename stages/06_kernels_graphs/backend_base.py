@@ -27,6 +27,7 @@ class KernelMetadata(PagedAttentionMetadata):
     num_splits: int = 1      # split-K partitions of the decode kernel (1 = single pass)
     plan: object = None      # a backend's own plan of an eager step, from `host_lens` (the cpu room's)
     graphed: bool = False    # built for a captured step: padded shapes, nothing read back to the host
+    trees: dict | None = None  # sequence -> [n, n] bool: its chunk is a speculative tree (row i sees j)
 
 
 class KernelBackend(AttentionBackend):
@@ -34,6 +35,7 @@ class KernelBackend(AttentionBackend):
     step_graphed = False        # the step being built is captured (build_metadata's `graphed`)
     fused_ops = TorchOps        # who does the fused model's small ops beside this backend (fused_model.py)
     rotary_in_kv_write = False  # True: it offers `rotary_forward`, `forward` with RoPE in the KV write's launch
+    tree_masks = False          # True: eager steps may hold speculative trees (`build_metadata`'s `trees`)
     captured_experts: Callable | None = None  # MoE experts of captured steps: a room's (gpu/)
 
     def __init__(self, cache: PagedKVCache):
@@ -44,15 +46,20 @@ class KernelBackend(AttentionBackend):
         return cls(cache)
 
     def build_metadata(self, *, positions, cu_seqlens_q, seq_lens, slot_mapping, block_tables,
-                       max_query_len: int, max_seq_len: int, host_lens=None, graphed: bool = False) -> KernelMetadata:
+                       max_query_len: int, max_seq_len: int, host_lens=None, graphed: bool = False,
+                       trees: dict | None = None) -> KernelMetadata:
         """Tensors are views of the runner's persistent buffers; the two ints are host-side
         facts of the step (never read back from the device; for a graphed step, bounds fixed by
         its bucket). `host_lens`: (query lengths, sequence lengths) as host lists, for a
-        backend that plans an eager step from them."""
+        backend that plans an eager step from them. `trees`: the sequences whose chunk is a
+        speculative tree, each with its [n, n] mask (a backend with `tree_masks` only)."""
+        if trees and not self.tree_masks:
+            raise ValueError(f"the {self.name} backend does not attend speculative trees")
         self.step_graphed = graphed
         return KernelMetadata(positions=positions, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens,
                               slot_mapping=slot_mapping, block_tables=block_tables,
-                              max_query_len=max_query_len, is_decode=max_query_len == 1, graphed=graphed)
+                              max_query_len=max_query_len, is_decode=max_query_len == 1, graphed=graphed,
+                              trees=trees or None)
 
     @property
     def experts_kernel(self) -> Callable | None:

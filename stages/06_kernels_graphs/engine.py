@@ -152,10 +152,14 @@ class LLMEngine(BatchingEngine):
         return True
 
     def _run(self, chunks, feed: Feed | None = None):
-        out = self.runner.run(*self._flatten(chunks), feed)
+        out = self.runner.run(*self._flatten(chunks), feed, self._trees(chunks))
         self.graphed_steps += out.graphed
         self.last_hidden = out.hidden  # every row's final hidden state: drafters (final/'s EAGLE) read it
         return out.logits
+
+    def _trees(self, chunks) -> dict | None:
+        """The step's speculative trees for the runner (none here: final/'s engine drafts them)."""
+        return None
 
     def stats(self) -> dict:
         extras = {k: v for e in self.extensions.values() for k, v in e.stats().items()}

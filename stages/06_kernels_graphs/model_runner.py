@@ -41,23 +41,29 @@ class ModelRunner:
 
     @torch.no_grad()
     def run(self, token_ids: list[int], seqs: list[tuple[int, int, list[int]]], sample_rows: list[int],
-            feed: Feed | None = None) -> RunOutput:
+            feed: Feed | None = None, trees: dict | None = None) -> RunOutput:
         """seqs: (num_cached, num_new, block_table) per sequence, as stage 04's engine flattens them.
-        feed: rows whose ids are still on the device (`StepBuffers.fill`)."""
-        replayed = self.graphs.replay(token_ids, seqs, sample_rows, feed) if self.graphs else None
+        feed: rows whose ids are still on the device (`StepBuffers.fill`). trees: sequence ->
+        (depths, mask) for a chunk that is a speculative tree, [root, nodes...]: row i at position
+        num_cached + depths[i] (siblings share one), attending as mask [n, n] allows (eager only)."""
+        replayed = self.graphs.replay(token_ids, seqs, sample_rows, feed) if self.graphs and not trees else None
         if replayed is not None:
             hidden, logits = replayed
             return RunOutput(logits, hidden, graphed=True)
-        ids, meta = self.prepare(token_ids, seqs, feed)
+        ids, meta = self.prepare(token_ids, seqs, feed, trees)
         hidden = self.model(ids, self.backend, meta)
         logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)
         return RunOutput(logits, hidden, graphed=False)
 
-    def prepare(self, token_ids, seqs, feed: Feed | None = None):
+    def prepare(self, token_ids, seqs, feed: Feed | None = None, trees: dict | None = None):
         """Fill the persistent buffers for one eager step; returns (input ids, metadata)."""
         inputs = step_inputs(seqs, self.block_size, self.dummy_block)
+        for b, (depths, _) in (trees or {}).items():  # a tree's rows: positions by depth, slots in order
+            first = inputs.cu_seqlens_q[b]
+            inputs.positions[first:first + len(depths)] = [seqs[b][0] + d for d in depths]
         ids = self.buffers.fill(token_ids, inputs, feed)
         meta = self.backend.build_metadata(**self.buffers.views(len(token_ids), len(seqs), inputs.width),
                                            max_query_len=max(inputs.query_lens), max_seq_len=max(inputs.seq_lens),
-                                           host_lens=(inputs.query_lens, inputs.seq_lens))
+                                           host_lens=(inputs.query_lens, inputs.seq_lens),
+                                           trees={b: mask for b, (_, mask) in trees.items()} if trees else None)
         return ids, meta

@@ -33,11 +33,11 @@ from course.s02_kv_cache.generate import stream_cached
 from ..draft_model import DraftModelDrafter, truncated_model
 from ..eagle import DEFAULT_HEAD, EagleDrafter, EagleHead
 from ..prompt_lookup import PromptLookupDrafter
-from ..speculative import SpecStats, stream_speculative, stream_tree_speculative, verifier
+from ..speculative import SpecStats, measure_verify_cost, stream_speculative, stream_tree_speculative, verifier
 
 JSON_SUBJECTS = ["the planet Mars", "a cup of coffee", "the Python programming language", "a mountain bike",
                  "the city of Paris", "a honeybee"]
-TREE = {"depth": 5, "top_k": 4, "max_nodes": 16}  # EAGLE-2's shape, scaled down for a CPU
+TREE = {"top_k": 4, "max_nodes": 16}  # EAGLE-2's shape scaled down for a CPU; depth = k; sized by the verify cost
 
 
 def workloads(tokenizer, n: int) -> dict[str, list[str]]:
@@ -85,6 +85,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
     drafters = {"draft": DraftModelDrafter(truncated_model(model, draft_layers)), "lookup": PromptLookupDrafter()}
     if any(m.startswith("eagle") for m in methods):
         drafters["eagle"] = drafters["eagle-tree"] = EagleDrafter(EagleHead.load(DEFAULT_HEAD, model), model)
+    cost = measure_verify_cost(model) if "eagle-tree" in methods else None  # what a t-token verify costs here
 
     def baseline(seq):
         return stream_cached(model, seq)
@@ -103,13 +104,13 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
         rows.append(named({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
                            "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True}))
         for method in methods:
-            for k in ([TREE["depth"]] if method == "eagle-tree" else ks):
+            for k in ks:
                 stats, seconds, verdicts = SpecStats(), 0.0, []
                 for p, ref in zip(ids, base_out):
                     seq = Sequence(p, params, tok, eos)
                     if method == "eagle-tree":
-                        shape = TREE | {"depth": k}
-                        fn = lambda s: stream_tree_speculative(model, s, drafters[method], stats=stats, **shape)  # noqa: E731
+                        fn = lambda s: stream_tree_speculative(model, s, drafters[method], k, stats=stats,  # noqa: E731
+                                                               verify_cost=cost, **TREE)
                     else:
                         fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
                     seconds += run_timed(fn, seq)
@@ -122,7 +123,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                 print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
                       f"speedup {base_time / seconds:4.2f}x{_flag(rows[-1])}", flush=True)
     return {"prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
-            "tree": TREE, "rows": rows}
+            "tree": TREE | {"depth": "k", "sized_by": "verify cost"}, "rows": rows}
 
 
 def verify_cost(model, context: int = 128, widths=(1, 2, 3, 4, 5, 7, 17), reps: int = 10) -> dict[int, float]:

@@ -26,12 +26,12 @@ def distributions_figure(p: Sequence[float], q: Sequence[float], emitted: Sequen
 
 def methods_figure(rows: list[dict], workloads=("chat", "rewrite", "json")) -> Figure:
     """The benchmark's rows: tokens per target forward (top) and speedup over stage 02 (bottom)
-    against k, one column per workload; each chain method a line, the EAGLE tree a star at its depth."""
+    against k, one column per workload; each method a line (the EAGLE tree's k is its depth)."""
     fig, axes = plt.subplots(2, len(workloads), figsize=(13, 6), sharex=True, squeeze=False)
     for col, workload in enumerate(workloads):
         for method in (*CHAINS, "eagle-tree"):
             rs = [r for r in rows if r["workload"] == workload and r["method"] == method]
-            style = dict(marker="*", color="k", ms=12, ls="none", label="eagle tree") if method == "eagle-tree" \
+            style = dict(marker="*", color="k", ms=10, label="eagle tree") if method == "eagle-tree" \
                 else dict(marker="o", label=method)
             for row, field in enumerate(("mean_accepted_length", "speedup")):
                 axes[row, col].plot([r["k"] for r in rs], [r[field] for r in rs], **style)

@@ -203,7 +203,7 @@ def test_an_eagle3_head_reading_layers_the_model_lacks_is_refused(tmp_path):
 
 
 def test_tree_size_keeps_the_nodes_that_pay_for_their_verify():
-    """Expected tokens per second of verifying, from each node's chance (exp of its path's
+    """Expected tokens per second of the step, from each node's chance (exp of its path's
     log-probability) and a verify cost: a free verify keeps every node, a steep one none, and
     in between the sure nodes but not the long shots."""
     chances = [0.9, 0.8, 0.5, 0.05, 0.01]
@@ -213,6 +213,8 @@ def test_tree_size_keeps_the_nodes_that_pay_for_their_verify():
     # each extra token costs 0.2 of a step: a node pays while its chance beats the running rate
     assert tree_size(logp, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16) == 3
     assert tree_size(logp, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=2) == 2
+    # the drafting already spent counts in every choice's step time: a long shot pays sooner
+    assert tree_size(logp, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16, drafting=20.0) == 4
     assert VerifyCost({1: 1.0, 3: 2.0})(2) == 1.5 and VerifyCost({1: 1.0, 3: 2.0})(5) == 3.0  # interpolated, extended
 
 

@@ -6,7 +6,11 @@
  * running max and sum per query head, the accumulator rescaled once per block), the same
  * algorithm as decode_attention.py's Triton kernel. A row attends to the first lens[i] tokens
  * of its sequence: a decode row to all of them, row j of a prefill chunk to those up to its
- * own position, which is the causal mask.
+ * own position, which is the causal mask. A speculative tree's rows (tree_first, tree_bits: NULL
+ * when the step has none) narrow that further: of the keys from position tree_first[i] on (the
+ * tree's block: its root, the last emitted token, then its drafted nodes), row i sees only
+ * those whose bit is set in tree_bits[i] (bit j: key tree_first[i] + j), its ancestors and
+ * itself (bit 0, the root, is every row's); a row outside any tree has tree_first[i] = lens[i].
  *
  * With AVX-512 and a head size that is a multiple of 16, a block's scores and value sums use
  * vector code (block_scores, block_values: 1.2-1.4x the plain loops, bench_cpu_kernels.py);
@@ -128,6 +132,7 @@ int64_t paged_attention_rows_f32(
     const float *k_pool, const float *v_pool,    /* [num_blocks, block_size, kv_heads, dim] */
     int64_t num_blocks,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n,  /* per work row */
+    const int64_t *tree_first, const uint64_t *tree_bits,                     /* per work row, or NULL */
     const int64_t *block_tables, int64_t table_width,                          /* [num_seqs, width] */
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int num_threads)
 {
@@ -137,6 +142,9 @@ int64_t paged_attention_rows_f32(
     for (int64_t i = 0; i < n; i++) {
         for (int64_t kv = 0; kv < kv_heads; kv++) {
             const int64_t len = lens[i];
+            const int64_t first = tree_first ? tree_first[i] : len;  /* keys from here on: by tree_bits */
+            const uint64_t bits = tree_bits ? tree_bits[i] : 0;
+            if (first < 0 || (first < len && (len - first > 64 || !(bits & 1)))) { bad_rows += kv == 0; continue; }
             const int64_t *table = block_tables + seqs[i] * table_width;
             if (len < 1 || len > table_width * block_size) { bad_rows += kv == 0; continue; }
             int ok = 1;
@@ -174,12 +182,18 @@ int64_t paged_attention_rows_f32(
                         for (int64_t d = 0; d < dim; d++) s += qg[d] * kt[d];
                         pg[t] = s * scale;
                     }
+                    const int64_t hidden_from = first > start ? first - start : 0;  /* tree keys of the block */
+                    for (int64_t t = hidden_from; t < keys; t++)  /* a key off the row's path never counts */
+                        if (!((bits >> (start + t - first)) & 1)) pg[t] = -FLT_MAX;
                     for (int64_t t = 0; t < keys; t++) block_max = pg[t] > block_max ? pg[t] : block_max;
                     const float new_max = block_max > maxs[g] ? block_max : maxs[g];
                     const float rescale = expf(maxs[g] - new_max);  /* 0 on the first block: exp(-FLT_MAX - m) */
                     sums[g] *= rescale;
                     for (int64_t d = 0; d < dim; d++) acc[g * dim + d] *= rescale;
-                    for (int64_t t = 0; t < keys; t++) { pg[t] = expf(pg[t] - new_max); sums[g] += pg[t]; }
+                    for (int64_t t = 0; t < keys; t++) {
+                        pg[t] = pg[t] == -FLT_MAX ? 0.f : expf(pg[t] - new_max);
+                        sums[g] += pg[t];
+                    }
                     maxs[g] = new_max;
                 }
 #ifdef VECTOR_ATTENTION

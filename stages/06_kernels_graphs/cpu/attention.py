@@ -32,7 +32,7 @@ LIMITS = {"query heads per KV head": 16, "head_dim": 256, "block_size": 128}  # 
 def _library():
     fn = native.load(SOURCE, FLAGS).paged_attention_rows_f32
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64,
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
                    ctypes.c_float, ctypes.c_int]
     fn.restype = i64
     return fn
@@ -55,28 +55,34 @@ def check_shapes(k_pool: torch.Tensor, query_heads: int | None = None) -> None:
             raise ValueError(f"the CPU kernel takes at most {limit} for {what}, got {sizes[what]}")
 
 
-def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=None) -> torch.Tensor:
+def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=None, tree_first=None,
+                         tree_bits=None) -> torch.Tensor:
     """out[rows[i]] = attention of q[rows[i]] to the first lens[i] tokens of sequence seqs[i]
     (its blocks: block_tables[seqs[i]]). q [T, H, D] float32; pools [num_blocks, bs, Hkv, D];
-    rows/seqs/lens int64 [n]. Rows of `out` not named in `rows` are left as they are."""
-    for t in (rows, seqs, lens, block_tables):
+    rows/seqs/lens int64 [n]. Rows of `out` not named in `rows` are left as they are.
+    A speculative tree's rows: of the keys from tree_first[i] on, only those whose bit is set in
+    tree_bits[i] (int64 [n], bit j: key tree_first[i] + j); tree_first[i] = lens[i] elsewhere."""
+    for t in (rows, seqs, lens, block_tables) + ((tree_first, tree_bits) if tree_first is not None else ()):
         if t.dtype != torch.int64:
-            raise ValueError(f"rows, seqs, lens and block tables are int64, got {t.dtype}")
+            raise ValueError(f"rows, seqs, lens, tree rows and block tables are int64, got {t.dtype}")
     if q.dtype != torch.float32 or not (k_pool.is_contiguous() and v_pool.is_contiguous()):
         raise ValueError("the CPU kernel takes float32 queries and contiguous pools")
     if q.shape[1] % k_pool.shape[2] or q.shape[1] // k_pool.shape[2] > LIMITS["query heads per KV head"]:
         raise ValueError(f"{q.shape[1]} query heads do not group onto {k_pool.shape[2]} KV heads "
                          f"(at most {LIMITS['query heads per KV head']} each)")
     rows, seqs, lens = rows.contiguous(), seqs.contiguous(), lens.contiguous()
+    tree = (tree_first.contiguous(), tree_bits.contiguous()) if tree_first is not None else None
     if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
         q = q.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     tables = block_tables.contiguous()
     bad = _library()(q.data_ptr(), q.stride(0), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
                      k_pool.shape[0], rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(),
+                     *((tree[0].data_ptr(), tree[1].data_ptr()) if tree else (None, None)),
                      tables.data_ptr(), tables.shape[1], q.shape[1], k_pool.shape[2], q.shape[2],
                      k_pool.shape[1], q.shape[2] ** -0.5, torch.get_num_threads())
     if bad:
-        raise RuntimeError(f"{bad} rows had a block table that does not cover their length or names a "
-                           "block outside the pool (an engine bug; nothing was read out of bounds)")
+        raise RuntimeError(f"{bad} rows had a block table that does not cover their length, names a "
+                           "block outside the pool, or a tree block wider than 64 without its root "
+                           "(an engine bug; nothing was read out of bounds)")
     return out

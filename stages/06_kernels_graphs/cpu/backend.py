@@ -23,10 +23,22 @@ from .planned import PlannedBackend
 @dataclass
 class NativeRows:
     """Rows the CPU kernel attends in one call: row `rows[i]` of q to the first `lens[i]`
-    tokens of sequence `seqs[i]` (for a row of a chunk, the tokens up to its own position)."""
+    tokens of sequence `seqs[i]` (for a row of a chunk, the tokens up to its own position);
+    a speculative tree's rows only to their path among the tree's keys (attention.c)."""
     rows: torch.Tensor
     seqs: torch.Tensor
     lens: torch.Tensor
+    tree_first: torch.Tensor | None = None  # [n] where the row's tree block starts (lens: no tree)
+    tree_bits: torch.Tensor | None = None   # [n] bit j: the row sees key tree_first + j
+
+
+def tree_bits(mask: torch.Tensor) -> list[int]:
+    """A tree block's [n, n] mask (row i may see block row j) as one int64 bit set per row."""
+    bits = []
+    for row in mask.tolist():
+        value = sum(1 << j for j, seen in enumerate(row) if seen)
+        bits.append(value - (1 << 64) if value >= 1 << 63 else value)  # as int64: the C reads uint64
+    return bits
 
 
 class CpuPagedBackend(PlannedBackend):
@@ -36,6 +48,7 @@ class CpuPagedBackend(PlannedBackend):
     tokens: the C kernel against grouped SDPA, `results/bench_cpu_kernels.json` (bench_cpu_kernels.py)."""
 
     name = "cpu"
+    tree_masks = True   # a speculative tree's rows attend to their paths only (attention.c)
     fused_ops = CpuOps  # ops.c's norm, RoPE and SwiGLU for the per-op path
 
     def __init__(self, cache: PagedKVCache, one_call_layers: bool = True):
@@ -70,13 +83,19 @@ class CpuPagedBackend(PlannedBackend):
         return lambda experts, x, weights, ids: grouped_experts(experts, x, weights, ids, linear=product)
 
     def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> NativeRows:
-        seqs, row_lens = [], []
+        seqs, row_lens, firsts, bits = [], [], [], []
         for b, (n, total) in enumerate(zip(query_lens, lens)):
             seqs += [b] * n
             row_lens += range(total - n + 1, total + 1)  # causal: each row sees up to itself
+            mask = meta.trees.get(b) if meta.trees else None
+            firsts += [total - n] * n if mask is not None else range(total - n + 1, total + 1)
+            bits += tree_bits(mask) if mask is not None else [0] * n
         device = meta.seq_lens.device
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
-        return NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
+        rows = NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
+        if meta.trees:
+            rows.tree_first, rows.tree_bits = as_tensor(firsts), as_tensor(bits)
+        return rows
 
     def rows(self, meta: KernelMetadata) -> NativeRows:
         """The step's rows: its plan; for a captured step (no host lengths), found on the device."""
@@ -94,4 +113,5 @@ class CpuPagedBackend(PlannedBackend):
 
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         rows = self.rows(meta)
-        return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens)
+        return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens,
+                                    tree_first=rows.tree_first, tree_bits=rows.tree_bits)

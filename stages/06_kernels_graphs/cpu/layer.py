@@ -51,7 +51,7 @@ def _library():
     lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.product_i8_f32.restype = None
     lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 15 + [ptr, ptr, i64, i64, ptr] + \
-        [ptr, ptr, ptr, i64, ptr, i64, ptr, i32]
+        [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     lib.set_sgemm.argtypes = [ptr, i64]
     lib.set_sgemm.restype = None
@@ -163,6 +163,7 @@ class LayerCalls:
         assert pools.k.is_contiguous() and pools.v.is_contiguous()
         rows = kernels.backend.rows(meta)
         self.attend = tuple(t.to(torch.int64).contiguous() for t in (rows.rows, rows.seqs, rows.lens))
+        self.tree = (rows.tree_first.data_ptr(), rows.tree_bits.data_ptr()) if rows.tree_first is not None else (None, None)
         self.slots = meta.slot_mapping.to(torch.int64).contiguous()
         self.tables = meta.block_tables.to(torch.int64).contiguous()
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
@@ -189,7 +190,7 @@ class LayerCalls:
             ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
             self.k_base + pool_offset, self.v_base + pool_offset, self.num_blocks, self.block_size,
             self.slots.data_ptr(),
-            rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), self.tables.data_ptr(),
+            rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), *self.tree, self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)
         if bad:
             raise RuntimeError(f"{bad} rows had a slot or block table outside the pool (an engine bug; "

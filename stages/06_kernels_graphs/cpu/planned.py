@@ -54,6 +54,7 @@ class PlannedBackend(TorchPagedBackend):
 
 class PlannedTorchBackend(PlannedBackend):
     name = "torch"
+    tree_masks = True  # eager trees go with the prefill chunks (tree_attention_sdpa)
 
     def __init__(self, cache: PagedKVCache, decode_group: int = 8):
         super().__init__(cache)
@@ -85,7 +86,11 @@ class PlannedTorchBackend(PlannedBackend):
         for b, start, end, total in meta.plan.prefills:
             blocks = meta.block_tables[b, : -(-total // bs)]
             k_seq, v_seq = k_pool[blocks].flatten(0, 1)[:total], v_pool[blocks].flatten(0, 1)[:total]
-            out[start:end] = causal_attention_sdpa(q[start:end], k_seq, v_seq, q_start=total - (end - start))
+            tree = meta.trees.get(b) if meta.trees else None
+            if tree is not None:  # a speculative tree: the prefix, then each row's own path
+                out[start:end] = tree_attention_sdpa(q[start:end], k_seq, v_seq, tree.to(q.device))
+            else:
+                out[start:end] = causal_attention_sdpa(q[start:end], k_seq, v_seq, q_start=total - (end - start))
         return out
 
 
@@ -105,6 +110,16 @@ def causal_attention_sdpa(q, k, v, q_start: int):
     q_start.., k/v [Tk, Hkv, D] at 0..Tk-1."""
     tq, tk = q.shape[0], k.shape[0]
     allowed = torch.arange(tk, device=q.device)[None, :] <= torch.arange(q_start, q_start + tq, device=q.device)[:, None]
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                         attn_mask=allowed, enable_gqa=True)
+    return out.transpose(0, 1)
+
+
+def tree_attention_sdpa(q, k, v, tree: torch.Tensor):
+    """A speculative tree's n rows (the last n of k/v [Tk, Hkv, D]): every row sees the Tk - n
+    keys before the tree and, of the tree's, those `tree` [n, n] allows (its path)."""
+    n, tk = q.shape[0], k.shape[0]
+    allowed = torch.cat([torch.ones(n, tk - n, dtype=torch.bool, device=q.device), tree], dim=1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=allowed, enable_gqa=True)
     return out.transpose(0, 1)

@@ -133,11 +133,12 @@ class BroadcastingRunner:
     def __init__(self, runner, leader: Leader):
         self.runner, self.leader = runner, leader
 
-    def run(self, token_ids, seqs, sample_rows, feed=None):
+    def run(self, token_ids, seqs, sample_rows, feed=None, trees=None):
         if feed is not None:
             raise TensorParallelError("overlap feeds token ids rank 0 has not read; tensor parallelism cannot send them")
-        with self.leader.step(("run", token_ids, seqs, sample_rows)):
-            return self.runner.run(token_ids, seqs, sample_rows)
+        message = ("run", token_ids, seqs, sample_rows) + ((None, trees) if trees else ())  # speculative trees too
+        with self.leader.step(message):
+            return self.runner.run(token_ids, seqs, sample_rows, None, trees)
 
     def __getattr__(self, name):  # graphs, model, prepare, ...: the runner's own
         return getattr(self.runner, name)

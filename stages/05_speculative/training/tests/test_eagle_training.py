@@ -70,6 +70,12 @@ def test_draft_vocabulary_drafts_only_its_tokens_and_round_trips(tmp_path):
     again = EagleHead.load(tmp_path / "h.safetensors", model)
     assert again.draft_vocab.tolist() == [3, 7, 40, 99]
     torch.testing.assert_close(again.draft_logits(model, features), logits, atol=0.05, rtol=0.05)  # bf16 weights
+    # a tree's expansion reads the top tokens off the draft vocabulary's softmax alone: the same
+    # log-probabilities and tokens as the whole vocabulary's (the rest are -inf)
+    values, ids = head.draft_top(model, features, 3)
+    want = torch.log_softmax(logits, dim=-1).topk(3, dim=-1)
+    torch.testing.assert_close(values, want.values)
+    assert ids.tolist() == want.indices.tolist()
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])

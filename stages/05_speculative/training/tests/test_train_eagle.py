@@ -111,17 +111,21 @@ def test_train_eagle3_on_a_model_folder_of_another_family(tmp_path, family):
 
 
 @pytest.mark.parametrize("name", ["gqa_tied", "mqa_odd_heads", "mha_untied"])
-def test_batched_decode_attention_gives_the_lessons_answers(byte_tok, name):
-    """The self-distillation engine attends all-decode steps in one padded batch; its answers
-    equal stage 04's engine's (stage 03's per-sequence loop), prompts of different lengths in
-    one batch, some finishing early."""
+@pytest.mark.parametrize("num_blocks", [64, 26])
+def test_batched_decode_attention_gives_the_lessons_answers(byte_tok, name, num_blocks):
+    """The self-distillation engine attends all-decode steps over each request's dense copy of its
+    K/V; its answers equal stage 04's engine's (stage 03's per-sequence loop): prompts of
+    different lengths, some finishing early, more requests than rows (rows reused), prompts
+    sharing cached blocks (a row filled from the pool), and with 26 blocks, preemption (a
+    request returns to a row that missed its recomputed tokens)."""
     from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
     from course.s05_speculative.training.batched_decode import BatchedDecodeAttention, DistillEngine
 
     model = tiny_model(name)
-    prompts = [list(b"hello there"), list(b"a"), list(b"the cat sat on the mat, " * 3), list(b"0123")]
-    params = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in (20, 7, 20, 13)]
-    config = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
+    cat = list(b"the cat sat on the mat, " * 3)
+    prompts = [list(b"hello there"), list(b"a"), cat, list(b"0123"), cat + list(b"and"), list(b"xyz" * 5)]
+    params = [SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True) for n in (20, 7, 20, 13, 16, 9)]
+    config = EngineConfig(num_blocks=num_blocks, block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
     want = LLMEngine(model, byte_tok, config, [TINY_EOS]).generate(prompts, params)
     engine = DistillEngine(model, byte_tok, config, [TINY_EOS])
     batched = []
@@ -130,3 +134,5 @@ def test_batched_decode_attention_gives_the_lessons_answers(byte_tok, name):
     got = engine.generate(prompts, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert 4 in batched  # all-decode steps of the whole batch went through the batched path
+    if num_blocks == 26:
+        assert any(step["preempted"] for step in engine.step_log)

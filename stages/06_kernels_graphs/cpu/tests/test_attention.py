@@ -142,3 +142,41 @@ def test_course_cpu_arch_builds_the_kernels_for_another_target():
         env = {**os.environ, "COURSE_CPU_ARCH": arch}
         out = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, check=True).stdout
         assert flag in out.split()
+
+
+def random_tree_mask(n: int, seed: int) -> torch.Tensor:
+    """[n, n] for a random tree over a block [root, nodes...]: row i sees its ancestors and itself."""
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)]
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j], j = True, parents[j]
+    return mask
+
+
+@pytest.mark.parametrize("n, block_size", [(6, 4), (17, 16), (64, 32), (9, 1)])
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_tree_rows_see_the_prefix_and_their_own_path(n, block_size, head_dim):
+    """A speculative tree's rows (the last n of a sequence, beside a plain decode): each sees the
+    cached prefix and, of the tree's keys, its ancestors and itself, as a masked softmax over the
+    gathered keys does (tree_attention_sdpa, the torch backend's)."""
+    from course.s06_kernels_graphs.cpu.backend import tree_bits
+    from course.s06_kernels_graphs.cpu.planned import tree_attention_sdpa
+
+    case = make_paged_case([70, 40 + n], [1, n], num_heads=6, num_kv_heads=2, head_dim=head_dim,
+                           block_size=block_size, seed=n)
+    mask = random_tree_mask(n, seed=n)
+    rows, seqs, lens = every_row(case)
+    first = lens.clone()
+    first[1:] = 40  # the tree's rows: its block starts at position 40
+    bits = torch.tensor([0] + tree_bits(mask), dtype=torch.long)
+    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens,
+                               tree_first=first, tree_bits=bits)
+    torch.testing.assert_close(got[:1], reference_attention(case)[:1], atol=1e-5, rtol=1e-5)
+    blocks = case.block_tables[1, : -(-(40 + n) // block_size)].long()
+    k, v = (pool[blocks].flatten(0, 1)[:40 + n] for pool in (case.k_cache, case.v_cache))
+    torch.testing.assert_close(got[1:], tree_attention_sdpa(case.q[1:], k, v, mask), atol=1e-5, rtol=1e-5)
+    if n > 2:  # the mask matters: a plain causal chunk differs
+        assert not torch.allclose(got[1:], reference_attention(case)[1:], atol=1e-3)

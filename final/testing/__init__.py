@@ -17,12 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from course.s01_decode_loop.testing import tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-from .async_engine import AsyncEngine
-from .cli import assemble_app
-from .engine import Engine, SpeculativeConfig
-from .metrics import ServerMetrics
-from .server import ServerLimits
-from .shutdown import GracefulServer
+from ..async_engine import AsyncEngine
+from ..cli import assemble_app
+from ..engine import Engine, SpeculativeConfig
+from ..metrics import ServerMetrics
+from ..server import ServerLimits
+from ..shutdown import GracefulServer
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
