@@ -19,7 +19,9 @@ Requests that ask for logprobs are not speculated (emitted drafts have none), no
 with `speculative=False` (they decode plainly beside drafted neighbours). Both per-request
 options, the switch and the grammar, ride on the request itself (`ServedRequest`).
 Drafters: prompt lookup, or EAGLE with one feature store and head cache per request
-(drafters.py), fed every chunk's hidden states and rolled back with the verification.
+(drafters.py), fed every chunk's hidden states and rolled back with the verification. With the
+`trees` seam plugged in (speculation/trees.py), greedy requests draft EAGLE-2 trees instead:
+their rows attend along their own paths, and the accepted path's K/V move next to the root.
 """
 from __future__ import annotations
 
@@ -57,7 +59,6 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative method {self.method!r}; choose one of {list(METHODS)}")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
-
 
 
 @dataclass(eq=False)
