@@ -83,17 +83,19 @@ class CpuPagedBackend(PlannedBackend):
         return lambda experts, x, weights, ids: grouped_experts(experts, x, weights, ids, linear=product)
 
     def plan_step(self, meta: KernelMetadata, query_lens: list[int], lens: list[int]) -> NativeRows:
-        seqs, row_lens, firsts, bits = [], [], [], []
+        seqs, row_lens = [], []
         for b, (n, total) in enumerate(zip(query_lens, lens)):
             seqs += [b] * n
             row_lens += range(total - n + 1, total + 1)  # causal: each row sees up to itself
-            mask = meta.trees.get(b) if meta.trees else None
-            firsts += [total - n] * n if mask is not None else range(total - n + 1, total + 1)
-            bits += tree_bits(mask) if mask is not None else [0] * n
         device = meta.seq_lens.device
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         rows = NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
-        if meta.trees:
+        if meta.trees:  # only a step with trees pays for their rows
+            firsts, bits = [], []
+            for b, (n, total) in enumerate(zip(query_lens, lens)):
+                mask = meta.trees.get(b)
+                firsts += [total - n] * n if mask is not None else range(total - n + 1, total + 1)
+                bits += tree_bits(mask) if mask is not None else [0] * n
             rows.tree_first, rows.tree_bits = as_tensor(firsts), as_tensor(bits)
         return rows
 
