@@ -48,7 +48,7 @@ def schema_grammar(schema, strict: bool, budget):
 def plug_in_json_schema(app, server) -> None:
     """The grammar cache's JSON Schema compiler, and processors that close the JSON on budget:
     when the tokens left in max_tokens are about what the shortest way to close it needs, only
-    tokens that still let it close are allowed (finish_reason "stop", not "length")."""
+    tokens that still let it close are allowed (a valid document; "length" if it was closed early)."""
     server.grammars.schema_grammar = schema_grammar
     server.grammars.narrow = CloseOnBudget()
 

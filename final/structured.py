@@ -6,7 +6,7 @@ The JSON Schema front end is a room of stage 08 (json_schema/), so the cache is 
 plug-in sets `schema_grammar`, `(schema, strict, budget) -> Grammar` (cli.py's plugs in stage
 08's `json_schema_to_grammar`); without one a `response_format` gets a 400 that says so. A
 plug-in may also give `narrow`, each processor's mask narrower (stage 08's CloseOnBudget: the
-JSON closes before max_tokens runs out, so the answer ends with finish_reason "stop").
+JSON closes before max_tokens runs out: a valid document, finish_reason "length" if it was cut short).
 
 A schema is the client's input, so what it may cost is bounded: stage 08's CompileBudget
 refuses oversized or too-deep schemas at once and stops a compile at its deadline (both a 400

@@ -114,7 +114,8 @@ UNBOUNDED = {"type": "object", "properties": {"note": {"type": "string"}, "n": {
 @pytest.mark.parametrize("stream", [False, True])
 def test_best_effort_answers_finish_within_max_tokens(server, stream):
     """Answers that finish: an unbounded string gets the serving default bound (said in the header), and the
-    JSON closes before max_tokens: finish_reason "stop", a complete, valid document."""
+    JSON closes before max_tokens: a complete, valid document, shorter than the model would write, so its
+    finish_reason says "length"."""
     fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": UNBOUNDED}}
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 30, "temperature": 0,
             "response_format": fmt, "stream": stream}
@@ -131,8 +132,25 @@ def test_best_effort_answers_finish_within_max_tokens(server, stream):
     else:
         choice = json.loads(text)["choices"][0]
         content, finish = choice["message"]["content"], [choice["finish_reason"]]
-    assert finish == ["stop"]
+    assert finish == ["length"]
     jsonschema.validate(json.loads(content), UNBOUNDED)
+
+
+def test_an_answer_that_fits_max_tokens_comes_back_unchanged(server):
+    fmt = {"type": "json_schema", "json_schema": {"name": "note", "schema": UNBOUNDED}}
+
+    def ask(max_tokens):
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens, "temperature": 0,
+                "response_format": fmt}
+        return httpx.post(server + "/v1/chat/completions", json=body, timeout=60).json()
+
+    free = ask(200)
+    assert free["choices"][0]["finish_reason"] == "stop"
+    needed = free["usage"]["completion_tokens"]
+    assert ask(needed)["choices"][0] == free["choices"][0]
+    cut = ask(needed - 1)["choices"][0]
+    assert cut["finish_reason"] == "length"
+    jsonschema.validate(json.loads(cut["message"]["content"]), UNBOUNDED)
 
 
 def test_an_engine_that_refuses_grammars_is_asked_before_any_schema_compiles(byte_tok, monkeypatch):

@@ -103,8 +103,11 @@ class Sequence:
         else:
             self._all_ids.append(token_id)
         self.token_times.append(time.perf_counter() - self.start_time)
-        if token_id in self.stop_ids:
-            self.finish_reason = "stop"  # the stop token's own text is not shown
+        if token_id in self.stop_ids:  # its own text is not shown
+            # a logits processor that shaped the ending may name it (a grammar that closed the
+            # answer early to fit max_new_tokens says "length")
+            self.finish_reason = next((p.finish_reason for p in self.params.logits_processors
+                                       if getattr(p, "finish_reason", None)), "stop")
             delta = self._flush()
         else:
             delta, hit_stop_string = self.stop_checker.push(self.detokenizer.add(token_id))

@@ -1,1 +1,2 @@
-from course.s08_structured.bench.fixtures import smollm2_info, smollm2_tokenizer, smollm2_xgrammar  # noqa: F401
+from course.s08_structured.bench.fixtures import (smollm2_info, smollm2_llguidance, smollm2_tokenizer,  # noqa: F401
+                                                 smollm2_xgrammar)

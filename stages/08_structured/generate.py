@@ -50,6 +50,8 @@ class GrammarLogitsProcessor:
                  max_new_tokens: int | None = None, narrow: MaskNarrower | None = None):
         self.max_new_tokens, self.narrow = max_new_tokens, narrow
         self.narrowed_steps = 0  # masks `narrow` cut down
+        self._unnarrowed: np.ndarray | None = None  # this step's grammar mask, if `narrow` cut it
+        self._cuts: set[int] = set()  # positions where `narrow` took the model's first choice away
         self.compiled = compiled
         self.matcher = GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
@@ -59,7 +61,20 @@ class GrammarLogitsProcessor:
 
     def __call__(self, output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         self.prepare(output_ids)
-        return apply_token_bitmask(logits.clone(), self.bitmask[0])
+        out = apply_token_bitmask(logits.clone(), self.bitmask[0])
+        if self._unnarrowed is not None:  # the budget narrowed this mask: did it take the model's choice?
+            allowed = torch.from_numpy(self._unnarrowed).to(logits.device)
+            first = int(torch.where(allowed, logits, float("-inf")).argmax())
+            if out[first] == float("-inf"):
+                self._cuts.add(len(self.tokens))
+        return out
+
+    @property
+    def finish_reason(self) -> str | None:
+        """"length" once the budget took the model's first choice away at a token the answer kept:
+        it closes, valid, but shorter than the model would have written (a stop token then
+        ends it with this reason, not "stop"; see stage 01's Sequence). None otherwise."""
+        return "length" if self._cuts else None
 
     def prepare(self, output_ids: list[int]) -> None:
         """Bring the matcher to `output_ids` and fill the mask of the token after them (once)."""
@@ -67,10 +82,13 @@ class GrammarLogitsProcessor:
         if self._mask_for == self.tokens:
             return  # filled ahead of time for exactly these tokens
         t0 = time.perf_counter()
-        m = self.matcher
+        m, self._unnarrowed = self.matcher, None
         if self.narrow is not None and self.max_new_tokens is not None and not m.is_terminated():
             mask = m.next_token_mask()
-            self.narrowed_steps += self.narrow(mask, m, self.max_new_tokens - len(self.tokens))
+            before = mask.copy()
+            narrowed = self.narrow(mask, m, self.max_new_tokens - len(self.tokens))
+            self.narrowed_steps += narrowed
+            self._unnarrowed = before if narrowed else None
             self.bitmask[0].numpy()[:] = pack_mask(mask, self.bitmask.shape[-1])
         else:
             m.fill_next_token_bitmask(self.bitmask)
@@ -100,6 +118,7 @@ class GrammarLogitsProcessor:
         if same < len(self.tokens):
             m.rollback(len(self.tokens) - same)
             del self.tokens[same:]
+            self._cuts = {p for p in self._cuts if p <= same}  # cuts behind rejected drafts never happened
         for t in output_ids[same:]:
             if not m.accept_token(t):
                 raise ValueError(f"token {t} was appended although the grammar forbids it")

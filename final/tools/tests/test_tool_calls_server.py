@@ -60,8 +60,8 @@ def check_calls(message, names=None) -> list:
 def test_a_named_call_always_validates(client, name):
     out = client.chat.completions.create(model="tiny", messages=ASK, tools=list(TOOLS.values()),
                                          tool_choice=named(name), n=2, temperature=1.0, seed=0, max_tokens=250)
-    for choice in out.choices:
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    for choice in out.choices:  # "length": the random model's strings were closed to fit max_tokens
+        assert choice.finish_reason in ("tool_calls", "length") and choice.message.content is None
         assert [c.function.name for c in check_calls(choice.message)] == [name]
 
 
@@ -73,7 +73,7 @@ def test_required_calls_validate_one_or_several(client, parallel):
                                              tool_choice="required", parallel_tool_calls=parallel, temperature=1.0,
                                              max_tokens=200)
         for choice in out.choices:
-            assert choice.finish_reason == "tool_calls"
+            assert choice.finish_reason in ("tool_calls", "length")
             counts.append(len(check_calls(choice.message)))
     assert set(counts) == {1} if not parallel else max(counts) >= 1
 
@@ -93,9 +93,26 @@ def test_streamed_calls_arrive_as_openai_streams_them_and_equal_the_whole(client
             else:
                 assert piece.id is None and piece.function.name is None
                 calls[piece.index][1] += piece.function.arguments
-    assert finish == "tool_calls" == whole.finish_reason
+    assert finish == whole.finish_reason in ("tool_calls", "length")
     assert [calls[i] for i in sorted(calls)] == [[c.function.name, c.function.arguments]
                                                  for c in whole.message.tool_calls]
+
+
+def test_a_call_that_fits_max_tokens_is_never_emptied_and_one_that_does_not_says_length(client):
+    """The budget counts in tokens: with max_tokens as large as the model's own call takes, the
+    call comes back exactly as without a budget, finish_reason "tool_calls"; a token fewer and it
+    is closed to fit (valid, shorter) and says "length", so no agent runs it as a whole call."""
+    kwargs = dict(model="tiny", messages=ASK, tools=[WEATHER], tool_choice=named("get_weather"), temperature=0.0)
+    free = client.chat.completions.create(max_tokens=400, **kwargs)
+    assert free.choices[0].finish_reason == "tool_calls"
+    needed = free.usage.completion_tokens
+    fits = client.chat.completions.create(max_tokens=needed, **kwargs).choices[0]
+    assert fits.finish_reason == "tool_calls"
+    assert fits.message.tool_calls[0].function.arguments == free.choices[0].message.tool_calls[0].function.arguments
+    for tight in (needed - 1, needed - 25):  # the shortest call fits in about two thirds of it
+        cut = client.chat.completions.create(max_tokens=tight, **kwargs).choices[0]
+        assert cut.finish_reason == "length", tight
+        check_calls(cut.message, {"get_weather"})  # closed to fit: still valid
 
 
 def test_auto_lets_the_model_answer_in_text(client):
@@ -123,7 +140,7 @@ def test_best_effort_relaxations_are_reported_with_the_function_named(server):
                                                  "maxItems": 3}}, "required": ["ids"]}}}
     r = httpx.post(server + "/v1/chat/completions", timeout=60, json={
         "messages": ASK, "tools": [tool], "tool_choice": "required", "max_tokens": 120, "temperature": 0})
-    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "tool_calls"
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("tool_calls", "length")
     assert "tools[dedupe]" in r.headers["x-structured-output-warnings"]
 
 

@@ -1,7 +1,8 @@
 """Speculative decoding on three workloads, every method, k = 1..6, against stage 02 in one run.
 
     python -m course.s05_speculative.bench.benchmark [--prompts 2] [--max-new-tokens 64] [--ks 1 2 3 4 5 6]
-                                               [--methods draft lookup eagle eagle-tree] [--results | --json out.json]
+                                               [--methods draft lookup eagle eagle-tree] [--repeats 1]
+                                               [--results | --json out.json]
     python -m course.s05_speculative.bench.benchmark --verify-cost   # what a k-token verify costs here
 
 Workloads (batch 1, greedy, the default model, chat template):
@@ -19,6 +20,7 @@ warm-up, so prefill is in both.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 
@@ -78,7 +80,9 @@ def named(row: dict) -> dict:
 
 
 def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
-        methods=("draft", "lookup", "eagle", "eagle-tree"), draft_layers: int = 4) -> dict:
+        methods=("draft", "lookup", "eagle", "eagle-tree"), draft_layers: int = 4, repeats: int = 1) -> dict:
+    """The table. Each row's time is the median of `repeats` runs over its prompts (a row run once
+    moves by about 5% on a 2-core machine: enough to swap two methods within a few percent)."""
     loaded = load_model()
     model, tok, eos = loaded.model, loaded.tokenizer, loaded.eos_token_ids
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0)
@@ -95,26 +99,32 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
     rows = []
     for name, prompts in workloads(tok, n_prompts).items():
         ids = [encode_prompt(tok, p, chat=True) for p in prompts]
-        base_out, base_time = [], 0.0
-        for p in ids:
-            seq = Sequence(p, params, tok, eos)
-            base_time += run_timed(baseline, seq)
-            base_out.append(seq.output_ids)
+        base_out, base_times = [], []
+        for _ in range(repeats):
+            base_times.append(0.0)
+            for p in ids:
+                seq = Sequence(p, params, tok, eos)
+                base_times[-1] += run_timed(baseline, seq)
+                base_out.append(seq.output_ids)
+        base_time, base_out = statistics.median(base_times), base_out[:len(ids)]
         tokens = sum(len(o) for o in base_out)
         rows.append(named({"workload": name, "method": "stage 02", "k": 0, "tokens": tokens, "seconds": base_time,
                            "mean_accepted_length": 1.0, "acceptance_rate": None, "speedup": 1.0, "equal": True}))
         for method in methods:
             for k in ks:
-                stats, seconds, verdicts = SpecStats(), 0.0, []
-                for p, ref in zip(ids, base_out):
-                    seq = Sequence(p, params, tok, eos)
-                    if method == "eagle-tree":
-                        fn = lambda s: stream_tree_speculative(model, s, drafters[method], k, stats=stats,  # noqa: E731
-                                                               verify_cost=cost, **TREE)
-                    else:
-                        fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
-                    seconds += run_timed(fn, seq)
-                    verdicts.append(compare(model, p, ref, seq.output_ids))
+                times, verdicts = [], []
+                for _ in range(repeats):  # the statistics and verdicts of the last run (every run drafts alike)
+                    stats, times = SpecStats(), times + [0.0]
+                    for p, ref in zip(ids, base_out):
+                        seq = Sequence(p, params, tok, eos)
+                        if method == "eagle-tree":
+                            fn = lambda s: stream_tree_speculative(model, s, drafters[method], k,  # noqa: E731
+                                                                   stats=stats, verify_cost=cost, **TREE)
+                        else:
+                            fn = lambda s: stream_speculative(model, s, drafters[method], k, stats=stats)  # noqa: E731
+                        times[-1] += run_timed(fn, seq)
+                        verdicts.append(compare(model, p, ref, seq.output_ids))
+                seconds, verdicts = statistics.median(times), verdicts[-len(ids):]
                 equal = "differs" not in verdicts  # a near tie is reported, not counted as a bug
                 rows.append(named({"workload": name, "method": method, "k": k, "tokens": tokens, "seconds": seconds,
                                    "mean_accepted_length": stats.mean_accepted_length,
@@ -123,6 +133,7 @@ def run(n_prompts: int = 2, max_new_tokens: int = 64, ks=(1, 2, 3, 4, 5, 6),
                 print(f"{name:>8} {method:>10} k={k} accepted length {stats.mean_accepted_length:4.2f} "
                       f"speedup {base_time / seconds:4.2f}x{_flag(rows[-1])}", flush=True)
     return {"prompts_per_workload": n_prompts, "max_new_tokens": max_new_tokens, "draft_layers": draft_layers,
+            "repeats": repeats,
             "tree": TREE | {"depth": "k", "sized_by": "verify cost"}, "rows": rows}
 
 
@@ -156,6 +167,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     p.add_argument("--methods", nargs="+", default=["draft", "lookup", "eagle", "eagle-tree"])
     p.add_argument("--draft-layers", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=1, help="each row's time: the median of this many runs")
     p.add_argument("--verify-cost", action="store_true", help="only time target forwards of 1..17 tokens")
 
 
@@ -165,7 +177,7 @@ def run_cli(args: argparse.Namespace) -> dict:
         if args.results:  # results/benchmark.json holds the method table; this mode only prints
             raise SystemExit("--verify-cost does not write results/benchmark.json; use --json PATH")
         return {"verify_cost_s": verify_cost(load_model().model)}
-    return run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers)
+    return run(args.prompts, args.max_new_tokens, args.ks, args.methods, args.draft_layers, args.repeats)
 
 
 def report(result: dict) -> None:

@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", action="store_true",
+                   help="train under bfloat16 autocast (weights and optimizer stay float32): ~1.5x faster "
+                        "where the CPU multiplies bfloat16 natively (AMX, AVX-512 BF16) and on a GPU")
     p.add_argument("--work", type=Path, default=Path("eagle_work"), help="resumable intermediate files")
     p.add_argument("--out", type=Path, help="the head file (default: the stage's shipped head of that kind)")
     p.add_argument("--evaluate", type=Path, metavar="HEAD", help="only print HEAD's held-out figures")
@@ -179,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(list(packed_groups(order, samples, args.batch_tokens)), desc=f"epoch {epoch + 1}/{args.epochs}")
         for group in bar:
             f_in, tokens, f_next, counted, meta = packed_batch(group, samples, feats, tapped, args.device)
-            preds = unrolled_predictions(head, target.model.embed_tokens(tokens), f_in, meta, args.ttt_steps)
-            loss = step_losses(head, target, preds, f_next, counted, meta)
+            with torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=args.bf16):
+                preds = unrolled_predictions(head, target.model.embed_tokens(tokens), f_in, meta, args.ttt_steps)
+                loss = step_losses(head, target, preds, f_next, counted, meta)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -26,3 +26,12 @@ def smollm2_xgrammar(smollm2_tokenizer, smollm2_info):
     from course.s08_structured.bench.testing import xgrammar_compiler
 
     return xgrammar_compiler(smollm2_tokenizer, smollm2_info.vocab_size)
+
+
+@pytest.fixture(scope="session")
+def smollm2_llguidance(smollm2_tokenizer, smollm2_info):
+    """llguidance's tokenizer (the second outside reference) for the same vocabulary, built once."""
+    pytest.importorskip("llguidance")
+    from course.s08_structured.bench.testing import llguidance_tokenizer
+
+    return llguidance_tokenizer(smollm2_tokenizer, smollm2_info.vocab_size)

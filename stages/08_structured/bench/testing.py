@@ -1,6 +1,6 @@
 """Helpers the stage's tests, benchmark and notebook share: the example grammars, whether a
 grammar accepts a string, a small vocabulary with multi-byte tokens, random valid token paths,
-and xgrammar as the outside reference."""
+and xgrammar and llguidance as the outside references."""
 from __future__ import annotations
 
 import random
@@ -239,3 +239,52 @@ def format_checker():
         return bool(at and local and domain)
 
     return checker
+
+
+def llguidance_tokenizer(tokenizer, vocab_size: int):
+    """llguidance (PyPI), the second outside reference, on the same tokenizer (~1 s: keep it)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
+
+
+def llguidance_comparable(schema):
+    """The schema with `additionalProperties: false` on every object that does not say: llguidance
+    reads JSON Schema's default (any extra property), ours strict mode's (none; `strict=False`
+    reads the default too)."""
+    if isinstance(schema, dict):
+        out = {k: llguidance_comparable(v) for k, v in schema.items()}
+        if out.get("type") == "object" and "additionalProperties" not in out:
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [llguidance_comparable(v) for v in schema]
+    return schema
+
+
+def llguidance_matcher(tokenizer, grammar: str | dict, kind: str):
+    """The same grammar compiled by llguidance: kind 'ebnf' (the same text, through its GBNF
+    reader), 'regex' (\\d as [0-9], ours; Rust's \\d is any Unicode digit) or 'json_schema' (its
+    own converter with our spelling: ", " and ": ", no other whitespace)."""
+    import llguidance
+
+    if kind == "ebnf":
+        text = llguidance.grammar_from("ebnf", grammar)
+    elif kind == "regex":
+        text = llguidance.LLMatcher.grammar_from_regex(grammar.replace("\\d", "[0-9]"))
+    else:
+        text = llguidance.LLMatcher.grammar_from_json_schema(
+            grammar, overrides={"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False})
+    matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
+    if matcher.is_error():
+        raise ValueError(matcher.get_error())
+    return matcher
+
+
+def llguidance_mask(matcher, vocab_size: int) -> np.ndarray:
+    import torch
+
+    from ..matcher import unpack_bitmask
+
+    words = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32).copy()
+    return unpack_bitmask(torch.from_numpy(words), vocab_size).numpy()

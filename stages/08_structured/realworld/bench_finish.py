@@ -72,7 +72,8 @@ def open_construct(text: str) -> str:
 
 
 def classify(text: str, finish_reason: str, validator, relaxed=()) -> tuple[str, str]:
-    """(verdict, detail): 'ok' / 'length' (+ the construct it was inside) / 'relaxed' (complete,
+    """(verdict, detail): 'ok' / 'closed' (valid and complete, but the budget ended it: shorter than
+    the model would have written) / 'length' (+ the construct it was inside) / 'relaxed' (complete,
     but breaks only keywords best-effort reported as not enforced) / 'invalid' (+ why)."""
     try:
         value = json.loads(text)
@@ -85,7 +86,8 @@ def classify(text: str, finish_reason: str, validator, relaxed=()) -> tuple[str,
         e = next((e for e in errors if e.validator not in relaxed), errors[0])
         verdict = "relaxed" if all(e.validator in relaxed for e in errors) else "invalid"
         return verdict, f"{e.validator} at /{'/'.join(map(str, e.absolute_path))}"
-    return ("ok", "") if finish_reason == "stop" else ("length", "complete, no stop token")
+    # valid and complete, but ended by the budget: closed early to fit (finish_reason "length")
+    return ("ok", "") if finish_reason == "stop" else ("closed", "closed to fit the budget")
 
 
 def load_schemas(only=None) -> dict[str, dict]:
@@ -131,8 +133,9 @@ def run_schemas(loaded, schemas: dict[str, dict], max_new_tokens: int, default_b
 
 def summary(rows: list[dict]) -> dict:
     n = len(rows)
-    count = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "relaxed", "length", "invalid")}
-    return {**count, "n": n, "fraction_ok": count["ok"] / n if n else 0.0}
+    count = {v: sum(r["verdict"] == v for r in rows) for v in ("ok", "closed", "relaxed", "length", "invalid")}
+    return {**count, "n": n, "valid": count["ok"] + count["closed"],
+            "fraction_ok": (count["ok"] + count["closed"]) / n if n else 0.0}
 
 
 def table(results: dict[str, list[dict]]) -> str:
@@ -144,14 +147,16 @@ def table(results: dict[str, list[dict]]) -> str:
         cells = []
         for c in configs:
             r = results[c][i]
-            cell = {"ok": "valid, complete", "length": "ran out", "invalid": "invalid",
+            cell = {"ok": "valid, complete", "closed": "valid, closed to fit", "length": "ran out", "invalid": "invalid",
                     "relaxed": "complete, breaks a relaxed keyword"}[r["verdict"]]
             cells.append(f"{cell}{' (' + r['detail'] + ')' if r['detail'] else ''}, {r['tokens']} tok")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("| **valid & complete** | " + " | ".join(
-        f"**{summary(results[c])['ok']}/{summary(results[c])['n']}**" for c in configs) + " |")
+        f"**{summary(results[c])['valid']}/{summary(results[c])['n']}**" for c in configs) + " |")
+    lines.append("| of them closed to fit the budget (finish_reason length) | " + " | ".join(
+        str(summary(results[c])["closed"]) for c in configs) + " |")
     lines.append("| complete (valid, or breaking only a relaxed keyword) | " + " | ".join(
-        f"{summary(results[c])['ok'] + summary(results[c])['relaxed']}/{summary(results[c])['n']}" for c in configs)
+        f"{summary(results[c])['valid'] + summary(results[c])['relaxed']}/{summary(results[c])['n']}" for c in configs)
         + " |")
     return "\n".join(lines)
 
@@ -203,7 +208,8 @@ def report(result: dict) -> None:
     print(table(results))
     for label in results:
         s = summary(results[label])
-        print(f"{label}: {s['ok']}/{s['n']} valid & complete, {s['relaxed']} complete but breaking a relaxed "
+        print(f"{label}: {s['valid']}/{s['n']} valid & complete ({s['closed']} closed to fit the budget), "
+              f"{s['relaxed']} complete but breaking a relaxed "
               f"keyword, {s['length']} ran out, {s['invalid']} invalid")
 
 

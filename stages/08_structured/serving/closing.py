@@ -16,24 +16,31 @@ return positions below it) needs dist[top] + dist[each return position] bytes, a
 state, a set of stacks, needs the least of its stacks (0 if END is in it: it may stop now).
 Stack and state distances are memoised, as the PDA interns both.
 
-Bytes bound tokens from above whenever every byte is a token of its own (byte-level BPE, as
-SmolLM2's; SentencePiece with byte fallback): the shortest way to close is at most
-`state_distance` tokens, plus one for the stop token. So with `remaining` tokens left in
+The budget is in tokens, and a byte is a poor stand-in for one: a BPE token of JSON writes 3-4
+bytes, so counting bytes opens the window and empties strings about 3x too early. Each state's
+closing string (shortest in bytes; its first byte the smallest that brings the distance one
+closer, so the closing string of the state after that byte is the rest of it) is cut greedily
+into the longest tokens that start it: `token_distance`, real tokens that close the output, and
+the state after the first of them needs exactly one fewer. With `remaining` tokens left in
 max_new_tokens, a token t keeps the answer closable iff
 
-    distance(state after t) + 1  <=  remaining - 1
+    token_distance(state after t) + 1  <=  remaining - 1      (t itself, then the stop token)
 
-When `remaining <= distance(now) + 1 + margin`, the mask is cut down to such tokens (each
+When `remaining <= token_distance(now) + 1 + margin`, the mask is cut down to such tokens (each
 allowed token's bytes are walked through the PDA, memoised); outside that window nothing
 changes, and the cost is one memoised lookup per step. Inside it the model still chooses among
-the allowed tokens: it may finish the word it is on, as long as the string still closes. When
-the window opens, every token allowed leaves a state that can close in time, so by induction
-the output closes and ends with the stop token: finish_reason "stop". The only way it can
-still be cut ("length") is a single token that raised the distance by more than `margin`
-while the window was shut (e.g. `{"` entering an object with long required property names),
-or a vocabulary without single-byte tokens; then, if no token keeps the answer closable, the
-ones that get closest are allowed. Lowering it is cheap: a larger margin (more steps walk the
-vocabulary: about 30-100 ms each for 49,152 tokens in Python).
+the allowed tokens: it may finish the word it is on, as long as the output still closes. Once
+the window is open every allowed token leaves a state that can close in time, so by induction
+the output closes with the stop token. It can still be cut by max_new_tokens if a single token
+raised the distance by more than `margin` while the window was shut (e.g. `{"` entering an
+object with long required property names); then, if no token keeps the answer closable, the
+ones that get closest are allowed. A larger margin lowers that risk and costs more steps that
+walk the vocabulary (about 30-100 ms each for 49,152 tokens in Python).
+
+Closing early is still a cut: when the window removed the model's own first choice, the
+answer is a valid document shorter than the model would have written, and the processor says
+so (`GrammarLogitsProcessor.finish_reason`: "length", as OpenAI reports a cut answer), so that a
+client does not run a tool call whose arguments were emptied to fit.
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ import numpy as np
 from ..automaton import Automaton
 from ..matcher import GrammarMatcher
 from ..pda import END, PDA
+from ..vocab import TokenizerInfo
 
 INF = float("inf")
 
@@ -87,13 +95,19 @@ def min_accept_distance(auto: Automaton) -> list[float]:
 
 
 class ClosingPlanner:
-    """Distances to the end for one compiled grammar's PDA states (shared by its requests)."""
+    """Distances to the end for one compiled grammar's PDA states (shared by its requests): in
+    bytes (`state_distance`) and, given the tokenizer's `info`, in tokens (`token_distance`)."""
 
-    def __init__(self, pda: PDA):
+    def __init__(self, pda: PDA, info: TokenizerInfo | None = None):
         self.pda = pda
         self.dist = min_accept_distance(pda.auto)
         self._node: dict[int, float] = {}
         self._state: dict[int, float] = {}
+        self._next: dict[int, tuple[int, int]] = {}   # state -> (first byte of its closing string, state after it)
+        self._tokens: dict[int, float] = {}
+        if info is not None:
+            self.token_of = {b: t for t, b in enumerate(info.token_bytes) if b and t not in info.special_ids}
+            self.longest = min(max(map(len, self.token_of)), 32)
 
     def node_distance(self, node: int) -> float:
         """Bytes to empty this stack: its top's rule and every rule it returns into."""
@@ -115,21 +129,71 @@ class ClosingPlanner:
             self._state[sid] = d
         return d
 
+    def next_byte(self, sid: int) -> tuple[int, int]:
+        """The first byte of this state's closing string and the state after it: the smallest byte
+        that brings the distance one closer. A stack at the state's distance whose top takes a
+        byte edge down its rule's shortest path names a candidate (a closed state always has
+        one); the step is checked. Fixed per state, so the closing string of the state after it
+        is the rest of this one."""
+        hit = self._next.get(sid)
+        if hit is None:
+            d, trans, pda = self.state_distance(sid), self.pda.auto.trans, self.pda
+            bytes_ = sorted({b for n in pda.states[sid] if n >= 0 and self.node_distance(n) == d
+                             for b, t in enumerate(trans[pda.nodes[n][0]])
+                             if t >= 0 and 1 + self.dist[t] == self.dist[pda.nodes[n][0]]})
+            hit = next(((b, nxt) for b in bytes_ if self.state_distance(nxt := pda.step(sid, b)) == d - 1), None)
+            if hit is None:  # not expected; any byte that brings it closer will do
+                hit = next((b, nxt) for b in range(256) if self.state_distance(nxt := pda.step(sid, b)) == d - 1)
+            self._next[sid] = hit
+        return hit
+
+    def token_distance(self, sid: int) -> float:
+        """Tokens of this tokenizer that close the output from state `sid`: the state's closing
+        string (the shortest, in bytes) cut greedily into the longest tokens that start it. Every
+        byte of a byte-level vocabulary is a token, so this is a count of real tokens that close
+        it, a bound from above on the fewest; and, the cut being greedy, the state after the first
+        token needs exactly one token fewer, so a budget that holds now holds all the way."""
+        path = []
+        while sid not in self._tokens:
+            d = self.state_distance(sid)
+            if d == 0 or d == INF:
+                self._tokens[sid] = d
+                break
+            text, states, s = bytearray(), [], sid
+            while len(text) < min(d, self.longest):   # the closing string's first bytes
+                b, s = self.next_byte(s)
+                text.append(b)
+                states.append(s)
+            cut = next((n for n in range(len(text), 0, -1) if bytes(text[:n]) in self.token_of), None)
+            if cut is None:   # the vocabulary cannot write its first byte alone: count bytes
+                self._tokens[sid] = d
+                break
+            path.append(sid)
+            sid = states[cut - 1]
+        below = self._tokens[sid]
+        for s in reversed(path):
+            below = self._tokens[s] = below + 1
+        return below
+
 
 def planner_for(compiled) -> ClosingPlanner:
     """The compiled grammar's planner, built on first use (thread-safe enough: a race builds it twice)."""
     planner = getattr(compiled, "_closing_planner", None)
     if planner is None:
-        planner = compiled._closing_planner = ClosingPlanner(compiled.pda)
+        planner = compiled._closing_planner = ClosingPlanner(compiled.pda, compiled.info)
     return planner
 
 
-def restrict_to_closing(mask: np.ndarray, state: int, remaining: int, compiled, margin: int) -> bool:
+def restrict_to_closing(mask: np.ndarray, state: int, remaining: int, compiled, margin: int,
+                        unit: str = "tokens") -> bool:
     """Cut `mask` (bool [vocab], the grammar's mask in PDA state `state`) down to the tokens
     after which the output can still close within `remaining` tokens (this one included, and
-    the stop token). Returns whether the window was open (the mask may have changed)."""
+    the stop token), counted in this tokenizer's tokens (unit="bytes": a byte per token, the
+    pessimistic count, kept to measure what counting tokens buys). Returns whether the window
+    was open (the mask may have changed)."""
     planner = planner_for(compiled)
-    now = planner.state_distance(state)
+    distance = planner.token_distance if unit == "tokens" else planner.state_distance
+    now = distance(state)
     if remaining > now + 1 + margin:
         return False
     info, pda = compiled.info, compiled.pda
@@ -140,7 +204,7 @@ def restrict_to_closing(mask: np.ndarray, state: int, remaining: int, compiled, 
         if t in stop:
             d = -1 if now == 0 else INF      # stopping: nothing more to write
         else:
-            d = planner.state_distance(pda.walk(state, info.token_bytes[t]))
+            d = distance(pda.walk(state, info.token_bytes[t]))
         after[t] = d
         best = min(best, d)
     limit = remaining - 2                    # this token, then the stop token
@@ -157,6 +221,11 @@ class CloseOnBudget:
     """Closing as the lesson's mask narrower: `GrammarLogitsProcessor(..., narrow=CloseOnBudget())`
     (or ConstrainedGenerator's `narrow`). Holds nothing per request, so one serves them all."""
     margin: int = 16
+    unit: str = "tokens"   # or "bytes"
+
+    def __post_init__(self):
+        if self.unit not in ("tokens", "bytes"):
+            raise ValueError(f"unit must be 'tokens' or 'bytes', not {self.unit!r}")
 
     def __call__(self, mask: np.ndarray, matcher: GrammarMatcher, remaining: int) -> bool:
-        return restrict_to_closing(mask, matcher.state, remaining, matcher.compiled, self.margin)
+        return restrict_to_closing(mask, matcher.state, remaining, matcher.compiled, self.margin, self.unit)

@@ -132,10 +132,13 @@ def test_closing_finishes_where_the_plain_mask_is_cut(tiny, max_new_tokens):
     with pytest.raises(ValueError):
         json.loads(cut.text)
     closed = _generate(tiny, grammar, max_new_tokens, narrow=CloseOnBudget())
-    assert closed.finish_reason == "stop" and len(closed.token_ids) <= max_new_tokens
+    # a valid document that ends with the stop token, but shorter than the model would write:
+    # the answer says it was cut ("length"), so no client takes it for the model's whole answer
+    assert closed.finish_reason == "length" and len(closed.token_ids) <= max_new_tokens
+    assert closed.token_ids[-1] == tiny[1].eos_token_id
     jsonschema.validate(json.loads(closed.text), UNBOUNDED)
-    # before the window opens (41 bytes to close + the stop token + a margin of 16) the tokens
-    # are the plain mask's (greedy): closing only changes the end
+    # before the window opens (41 tokens to close, each byte a token here, + the stop token + a
+    # margin of 16) the tokens are the plain mask's (greedy): closing only changes the end
     same = max(0, max_new_tokens - 41 - 1 - 16)
     assert closed.token_ids[:same] == cut.token_ids[:same]
 
@@ -144,18 +147,79 @@ def test_closing_with_the_smallest_possible_budget(tiny):
     grammar = json_schema_to_grammar(UNBOUNDED, mode="best-effort")
     need = len('{"title": "", "body": "", "labels": []}') + 1   # bytes, one token each, and the stop token
     out = _generate(tiny, grammar, need, narrow=CloseOnBudget(margin=0))
-    assert out.finish_reason == "stop"
-    jsonschema.validate(json.loads(out.text), UNBOUNDED)
+    assert out.finish_reason == "length" and out.token_ids[-1] == tiny[1].eos_token_id
+    assert json.loads(out.text) == {"title": "", "body": "", "labels": []}
     short = _generate(tiny, grammar, need - 1, narrow=CloseOnBudget())   # impossible: told truthfully
-    assert short.finish_reason == "length"
+    assert short.finish_reason == "length" and short.token_ids[-1] != tiny[1].eos_token_id
 
 
 def test_strict_grammar_closes_on_budget_too_and_its_language_is_unchanged(tiny):
     grammar = json_schema_to_grammar(UNBOUNDED, mode="strict", default_bounds=SERVING_BOUNDS)
     assert to_ebnf(grammar) == to_ebnf(json_schema_to_grammar(UNBOUNDED, mode="strict"))
     out = _generate(tiny, grammar, 48, narrow=CloseOnBudget())
-    assert out.finish_reason == "stop"
+    assert out.finish_reason == "length" and out.token_ids[-1] == tiny[1].eos_token_id
     jsonschema.validate(json.loads(out.text), UNBOUNDED)
+
+
+@pytest.mark.parametrize("name", sorted(set(EXAMPLE_SCHEMAS) - {"tree"}))  # no bound stops a tree nesting
+def test_an_answer_that_fits_is_never_changed_and_a_cut_one_says_length(tiny, name):
+    """For every budget: if the model's own answer (no budget) fits, closing leaves it exactly as
+    it is, finish_reason "stop"; if it does not, the answer ends "length" (closed and valid, or
+    cut where no closing fits)."""
+    schema = EXAMPLE_SCHEMAS[name]
+    grammar = json_schema_to_grammar(schema, mode="best-effort", default_bounds=BOUNDS)
+    natural = _generate(tiny, grammar, 400)
+    assert natural.finish_reason == "stop", name   # the bounds let the model finish on its own
+    n = len(natural.token_ids)
+    for budget in sorted({n + 7, n, n - 1, n - 5, (2 * n) // 3, n // 2, 12}):
+        out = _generate(tiny, grammar, budget, narrow=CloseOnBudget())
+        if budget >= n:
+            assert out.token_ids == natural.token_ids and out.finish_reason == "stop", (name, budget)
+        else:
+            assert out.finish_reason == "length", (name, budget)
+            if out.token_ids[-1] == tiny[1].eos_token_id:   # closed: a valid document
+                jsonschema.validate(json.loads(out.text), schema)
+
+
+def test_token_distance_counts_this_tokenizers_tokens(smollm2_info):
+    """With a real BPE vocabulary a state's distance in tokens is the closing string cut into
+    real tokens: a few bytes per token, never more than the bytes, the state after the first
+    token one closer, and walking the whole closing string ends the document."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]},
+                                               "days": {"type": "integer"}}, "required": ["city", "unit", "days"]}
+    compiled = compile_grammar(json_schema_to_grammar(schema), smollm2_info, precompute=False)
+    planner = ClosingPlanner(compiled.pda, smollm2_info)
+    pda, token_bytes = compiled.pda, smollm2_info.token_bytes
+    s = pda.start_state()
+    assert planner.state_distance(s) == len('{"city": "", "unit": "celsius", "days": 0}')
+    for prefix in ['', '{"city": "Par', '{"city": "Paris", "unit": "fahr', '{"city": "Paris", "unit": "celsius", "days": 1',
+                   '{"city": "Paris", "unit": "celsius", "days": 12}']:
+        sid = pda.walk(s, prefix.encode())
+        d_bytes, d_tokens = planner.state_distance(sid), planner.token_distance(sid)
+        assert d_tokens <= d_bytes, prefix
+        text, state, tokens = b"", sid, 0
+        while planner.state_distance(state) > 0:   # the closing string, a byte at a time
+            b, state = planner.next_byte(state)
+            text += bytes([b])
+        assert len(text) == d_bytes and pda.can_end(state), prefix
+        state = sid
+        while planner.token_distance(state) > 0:   # and in tokens: the longest token that starts it
+            first = max((t for t in range(len(token_bytes)) if token_bytes[t] and text.startswith(token_bytes[t])
+                         and t not in smollm2_info.special_ids), key=lambda t: len(token_bytes[t]))
+            before = planner.token_distance(state)
+            state = pda.walk(state, token_bytes[first])
+            text = text[len(token_bytes[first]):]
+            assert planner.token_distance(state) == before - 1, prefix
+            tokens += 1
+        assert tokens == d_tokens and text == b"" and pda.can_end(state), prefix
+    # the whole empty document: 42 bytes, far fewer tokens
+    assert planner.token_distance(s) <= planner.state_distance(s) // 2
+
+
+def test_closing_counts_tokens_or_bytes_and_nothing_else():
+    assert CloseOnBudget().unit == "tokens" and CloseOnBudget(unit="bytes").unit == "bytes"
+    with pytest.raises(ValueError, match="unit"):
+        CloseOnBudget(unit="characters")
 
 
 def test_processor_without_a_budget_is_the_plain_mask(tiny):
@@ -198,4 +262,4 @@ def test_real_model_closes_a_long_string_schema(smollm2):
     plain = bench_finish.run_schemas(smollm2, schemas, 64, None, False)
     closed = bench_finish.run_schemas(smollm2, schemas, 64, None, True)
     assert plain[0]["verdict"] == "length"
-    assert closed[0]["verdict"] == "ok" and closed[0]["finish_reason"] == "stop"
+    assert closed[0]["verdict"] == "closed" and closed[0]["finish_reason"] == "length"
