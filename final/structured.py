@@ -1,6 +1,10 @@
 """`response_format` for the server: JSON Schema -> grammar -> compiled grammar -> one logits
 processor per choice (stage 08). Compiled grammars are cached by schema, since clients send the
-same schema again and again and compiling precomputes masks over the whole vocabulary (seconds here).
+same schema again and again. A compile builds the automaton only; each position's mask is made
+the first time a request reaches it (stage 08's `precompute=False`) and kept in the compiled
+grammar, for every later request of that schema: a new schema costs its first request tens of
+milliseconds instead of the second or more precomputing every position takes here
+(`python -m course.final.bench.schema_ttft`).
 
 The JSON Schema front end is a room of stage 08 (json_schema/), so the cache is given it: a
 plug-in sets `schema_grammar`, `(schema, strict, budget) -> Grammar` (cli.py's plugs in stage
@@ -64,12 +68,13 @@ def warning_headers(processors) -> dict[str, str]:
 
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
-                 timeout_s: float | None = 20.0):
+                 timeout_s: float | None = 20.0, precompute: bool = False):
         # given by a plug-in: the JSON Schema front end, and each processor's mask narrower
         self.schema_grammar: Callable[[dict | bool, bool, CompileBudget], Grammar] | None = None
         self.narrow = None
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
+        self.precompute = precompute  # True: every position's mask at compile time (the first request waits)
         self._info: TokenizerInfo | None = None
         self._compiled: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()   # the cache is read on the loop and written by the worker
@@ -88,7 +93,7 @@ class GrammarCache:
         with self._lock:
             if self._info is None:
                 self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
-        compiled = compile_grammar(grammar, self._info, budget=budget)
+        compiled = compile_grammar(grammar, self._info, precompute=self.precompute, budget=budget)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:

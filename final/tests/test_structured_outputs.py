@@ -174,3 +174,33 @@ def test_an_engine_that_refuses_grammars_is_asked_before_any_schema_compiles(byt
         assert compiled == []
         r = httpx.post(url + "/v1/completions", json={**body, "response_format": {"type": "text"}}, timeout=30)
         assert r.status_code == 200, r.text
+
+
+def test_a_new_schema_compiles_without_its_masks_and_they_are_kept_for_later_requests(byte_tok):
+    """The server's cache compiles the automaton only; a position's mask is made when a request
+    first reaches it, kept in the cached grammar for the next request, and equals the mask
+    precomputing would have made."""
+    import asyncio
+    import random
+
+    from course.final.structured import GrammarCache
+    from course.s08_structured.bench.testing import EXAMPLE_SCHEMAS, random_valid_path
+    from course.s08_structured.json_schema import json_schema_to_grammar
+    from course.s08_structured.matcher import GrammarMatcher
+
+    def build(budget):
+        return json_schema_to_grammar(EXAMPLE_SCHEMAS["order"], budget=budget)
+
+    lazy = GrammarCache(byte_tok, 258, [byte_tok.eos_token_id])
+    eager = GrammarCache(byte_tok, 258, [byte_tok.eos_token_id], precompute=True)
+    compiled = asyncio.run(lazy.compiled("order", build))
+    reference = asyncio.run(eager.compiled("order", build))
+    assert not compiled.masks and reference.masks   # precomputed: every position that reads a byte
+    path = random_valid_path(GrammarMatcher(reference), random.Random(0), max_tokens=60)
+    mine, theirs = GrammarMatcher(compiled), GrammarMatcher(reference)
+    for t in path:
+        assert (mine.next_token_mask() == theirs.next_token_mask()).all()
+        assert mine.accept_token(t) and theirs.accept_token(t)
+    made = len(compiled.masks)
+    assert 0 < made < len(reference.masks)   # only the positions this answer reached
+    assert asyncio.run(lazy.compiled("order", build)) is compiled and len(compiled.masks) == made
