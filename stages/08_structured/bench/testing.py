@@ -262,10 +262,11 @@ def llguidance_comparable(schema):
     return schema
 
 
-def llguidance_matcher(tokenizer, grammar: str | dict, kind: str):
+def llguidance_matcher(tokenizer, grammar: str | dict, kind: str, lenient: bool = False):
     """The same grammar compiled by llguidance: kind 'ebnf' (the same text, through its GBNF
     reader), 'regex' (\\d as [0-9], ours; Rust's \\d is any Unicode digit) or 'json_schema' (its
-    own converter with our spelling: ", " and ": ", no other whitespace)."""
+    own converter with our spelling: ", " and ": ", no other whitespace; `lenient`: keywords it does
+    not implement are ignored, as our best-effort mode relaxes them, instead of refused)."""
     import llguidance
 
     if kind == "ebnf":
@@ -274,7 +275,8 @@ def llguidance_matcher(tokenizer, grammar: str | dict, kind: str):
         text = llguidance.LLMatcher.grammar_from_regex(grammar.replace("\\d", "[0-9]"))
     else:
         text = llguidance.LLMatcher.grammar_from_json_schema(
-            grammar, overrides={"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False})
+            grammar, overrides={"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False,
+                                "lenient": lenient})
     matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
     if matcher.is_error():
         raise ValueError(matcher.get_error())
