@@ -18,19 +18,10 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
 import httpx
 
 from course.s01_decode_loop.bench.measure import bench_cli
-
-
-def schemas() -> dict[str, dict]:
-    from course.s08_structured.bench.testing import EXAMPLE_SCHEMAS
-    from course.s08_structured.realworld.bench_finish import load_schemas
-
-    return {**{f"example/{k}": v for k, v in EXAMPLE_SCHEMAS.items()},
-            **{f"realworld/{k}": v for k, v in load_schemas().items()}}
 
 
 def first_token_seconds(url: str, schema: dict | None, max_tokens: int) -> float:
@@ -43,14 +34,15 @@ def first_token_seconds(url: str, schema: dict | None, max_tokens: int) -> float
         if r.status_code != 200:
             raise RuntimeError(f"{r.status_code}: {r.read().decode()[:300]}")
         for line in r.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"]:
-                chunk = json.loads(line[6:])["choices"][0]["delta"]
-                if chunk.get("content"):
-                    return time.perf_counter() - start
+            choices = json.loads(line[6:])["choices"] if line.startswith("data: {") else None
+            if choices and choices[0]["delta"].get("content"):
+                return time.perf_counter() - start
     raise RuntimeError("no token came back")
 
 
 def run(args: argparse.Namespace) -> dict:
+    from course.s08_structured.realworld.bench_finish import example_and_realworld_schemas
+
     from ..cli import build_server, make_parser
     from ..testing import running_server
 
@@ -64,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
             floor.append(first_token_seconds(url, None, args.max_tokens))
         for mode in ("lazy", "precomputed"):
             grammars.precompute = mode == "precomputed"
-            for name, schema in schemas().items():
+            for name, schema in example_and_realworld_schemas().items():
                 tagged = {**schema, "description": f"{mode} {name}"}  # a cache entry of its own per mode
                 try:
                     fresh = first_token_seconds(url, tagged, args.max_tokens)

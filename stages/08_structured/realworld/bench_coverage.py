@@ -61,7 +61,9 @@ def fetch_vendor_schemas() -> dict[str, dict]:
 
 
 def local_schemas() -> dict[str, dict]:
-    return {"local/" + p.stem: json.loads(p.read_text()) for p in sorted(REALWORLD.glob("*.json"))}
+    from .bench_finish import load_schemas
+
+    return {"local/" + name: schema for name, schema in load_schemas().items()}
 
 
 def _short(e: BaseException, n: int = 160) -> str:

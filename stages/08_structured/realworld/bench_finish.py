@@ -95,6 +95,14 @@ def load_schemas(only=None) -> dict[str, dict]:
     return {k: v for k, v in out.items() if not only or k in only}
 
 
+def example_and_realworld_schemas() -> dict[str, dict]:
+    """Stage 08's four example schemas and its twelve real-world ones: example/NAME, realworld/NAME."""
+    from ..bench.testing import EXAMPLE_SCHEMAS
+
+    return {**{f"example/{k}": v for k, v in EXAMPLE_SCHEMAS.items()},
+            **{f"realworld/{k}": v for k, v in load_schemas().items()}}
+
+
 def run_schemas(loaded, schemas: dict[str, dict], max_new_tokens: int, default_bounds, close_on_budget: bool,
         log=None, prompt: str = PROMPT) -> list[dict]:
     from course.s01_decode_loop.generate import encode_prompt, run_to_end

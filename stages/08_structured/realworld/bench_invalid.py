@@ -65,8 +65,9 @@ def walk(walker: Walker, stop: set[int], rng: random.Random, max_tokens: int, to
     return None
 
 
-def walkers(schema: dict, info, tokenizer, x_compiler, ll_tokenizer) -> dict:
-    """Each engine's fresh-walker factory for this schema (or the error that stopped it)."""
+def walkers(schema: dict, info, tokenizer, x_compiler, ll_tokenizer) -> tuple[dict, dict]:
+    """Each engine's fresh-walker factory for this schema (or the error that stopped it), and the
+    keywords each engine reported relaxing."""
     from ..bench.testing import llguidance_mask, llguidance_matcher, xgrammar_compile, xgrammar_mask
     from ..json_schema import json_schema_to_grammar
     from ..matcher import GrammarMatcher, compile_grammar
@@ -116,9 +117,9 @@ def walkers(schema: dict, info, tokenizer, x_compiler, ll_tokenizer) -> dict:
 def run(args: argparse.Namespace) -> dict:
     import jsonschema
 
-    from ..bench.testing import EXAMPLE_SCHEMAS, format_checker, llguidance_tokenizer, xgrammar_compiler
+    from ..bench.testing import format_checker, llguidance_tokenizer, xgrammar_compiler
     from ..vocab import TokenizerInfo
-    from .bench_finish import load_schemas
+    from .bench_finish import example_and_realworld_schemas
 
     if args.quick:
         from course.s01_decode_loop.testing import TINY_EOS, byte_tokenizer
@@ -132,8 +133,7 @@ def run(args: argparse.Namespace) -> dict:
     info = TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_ids=stop)
     x_compiler = xgrammar_compiler(tokenizer, vocab_size)
     ll_tokenizer = llguidance_tokenizer(tokenizer, vocab_size)
-    schemas = {**{f"example/{k}": v for k, v in EXAMPLE_SCHEMAS.items()},
-               **{f"realworld/{k}": v for k, v in load_schemas().items()}}
+    schemas = example_and_realworld_schemas()
     if args.only:
         schemas = {k: v for k, v in schemas.items() if any(o in k for o in args.only)}
     rows = []
