@@ -33,9 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 from typing import Callable
 
+import torch
+
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
-from course.s08_structured.grammar import Grammar
+from course.s08_structured.grammar import Grammar, lit
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
@@ -90,15 +92,28 @@ class GrammarCache:
         grammar = build(budget)  # the limits are checked here, fast
         if (hit := self.cached(key)) is not None:
             return hit
-        with self._lock:
-            if self._info is None:
-                self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
-        compiled = compile_grammar(grammar, self._info, precompute=self.precompute, budget=budget)
+        # Merging equivalent positions (stage 08's minimize.py) pays when every position gets a
+        # mask at compile time; made lazily, masks are few, and merging would be a third of the compile.
+        compiled = compile_grammar(grammar, self.tokenizer_info(), precompute=self.precompute,
+                                   minimize=self.precompute, budget=budget)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:
                 self._compiled.popitem(last=False)
         return compiled
+
+    def tokenizer_info(self) -> TokenizerInfo:
+        with self._lock:
+            if self._info is None:
+                self._info = TokenizerInfo.from_huggingface(self.tokenizer, self.vocab_size, self.stop_ids)
+            return self._info
+
+    def prepare(self) -> None:
+        """Make the tables every grammar of this tokenizer uses (each token's bytes, the vocabulary
+        matrix, the narrower's index of tokens by their bytes) now, at start-up, rather than in
+        the first request that brings a schema: a grammar of two bytes, compiled and masked once."""
+        compiled = compile_grammar(Grammar({"root": lit("{}")}, "root"), self.tokenizer_info(), precompute=False)
+        GrammarLogitsProcessor(compiled, max_new_tokens=1, narrow=self.narrow)([], torch.zeros(self.vocab_size))
 
     def cached(self, key: str | None) -> CompiledGrammar | None:
         with self._lock:

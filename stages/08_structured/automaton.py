@@ -50,7 +50,15 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
     # states with only epsilon edges change nothing about what follows, so `"` x* and
     # `"` x* after one more x are one DFA state, not two.
     acting = [bool(nfa.bytes[i] or nfa.calls[i]) or i == accept for i in range(len(nfa.eps))]
-    closure = lambda states: frozenset(m for m in nfa.closure(states) if acting[m])  # noqa: E731
+    closures: dict[tuple[int, ...], frozenset[int]] = {}   # the same target lists recur, piece after piece
+
+    def closure(states) -> frozenset[int]:
+        key = tuple(states)
+        hit = closures.get(key)
+        if hit is None:
+            hit = closures[key] = frozenset(m for m in nfa.closure(states) if acting[m])
+        return hit
+
     first = closure([start])
     ids = {first: 0}
     order = [first]
@@ -104,6 +112,7 @@ class Automaton:
     scannable: list[bool]               # has at least one byte edge
     pure_end: list[bool]                # final, no edges: returning here = returning from the rule
     root_start: int
+    targets: list[tuple[int, ...]]      # position -> its distinct byte-edge targets (trans, sparse)
 
     @property
     def num_positions(self) -> int:
@@ -152,7 +161,7 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     first = {}                                     # merged id -> one position it stands for
     for pos in range(total):
         first.setdefault(merged[pos], pos)
-    trans, calls, new_final, new_rule_of = [], [], [], []
+    trans, calls, new_final, new_rule_of, targets = [], [], [], [], []
     for new in range(count):
         if new & 1023 == 0:
             budget.check()
@@ -161,14 +170,15 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
         for lo, hi, t in edges[pos]:
             row[lo:hi + 1] = [merged[t]] * (hi - lo + 1)
         trans.append(row)
+        targets.append(tuple({merged[t] for _, _, t in edges[pos]}))
         calls.append(tuple((merged[c], merged[r]) for c, r in call_edges[pos]))
         new_final.append(final[pos])
         new_rule_of.append(rule_of[pos])
     final, rule_of, total = new_final, new_rule_of, count
     base = {name: merged[start] for name, start in base.items()}
-    scannable = [any(t >= 0 for t in row) for row in trans]
+    scannable = [bool(t) for t in targets]
     pure_end = [final[p] and not scannable[p] and not calls[p] for p in range(total)]
-    auto = Automaton(names, base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root])
+    auto = Automaton(names, base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root], targets)
     check_no_left_recursion(auto, budget)
     return auto
 

@@ -59,8 +59,7 @@ INF = float("inf")
 
 def min_accept_distance(auto: Automaton) -> list[float]:
     """dist[pos]: the fewest bytes from position `pos` to the end of its rule (INF: never)."""
-    n = auto.num_positions
-    targets = [tuple({t for t in row if t >= 0}) for row in auto.trans]
+    n, targets = auto.num_positions, auto.targets
     byte_preds: list[list[int]] = [[] for _ in range(n)]
     call_preds: list[list[int]] = [[] for _ in range(n)]   # positions whose call edges use it
     for pos in range(n):
@@ -94,6 +93,16 @@ def min_accept_distance(auto: Automaton) -> list[float]:
     return dist
 
 
+def _tokens_by_bytes(info: TokenizerInfo) -> tuple[dict[bytes, int], int]:
+    """The tokenizer's tokens by their bytes, and the longest worth trying (at most 32 bytes);
+    made once per tokenizer and kept on its TokenizerInfo, since every grammar's planner uses it."""
+    hit = getattr(info, "_tokens_by_bytes", None)
+    if hit is None:
+        token_of = {b: t for t, b in enumerate(info.token_bytes) if b and t not in info.special_ids}
+        hit = info._tokens_by_bytes = (token_of, min(max(map(len, token_of)), 32))
+    return hit
+
+
 class ClosingPlanner:
     """Distances to the end for one compiled grammar's PDA states (shared by its requests): in
     bytes (`state_distance`) and, given the tokenizer's `info`, in tokens (`token_distance`)."""
@@ -106,8 +115,8 @@ class ClosingPlanner:
         self._next: dict[int, tuple[int, int]] = {}   # state -> (first byte of its closing string, state after it)
         self._tokens: dict[int, float] = {}
         if info is not None:
-            self.token_of = {b: t for t, b in enumerate(info.token_bytes) if b and t not in info.special_ids}
-            self.longest = min(max(map(len, self.token_of)), 32)
+            self.token_of, self.longest = _tokens_by_bytes(info)
+
 
     def node_distance(self, node: int) -> float:
         """Bytes to empty this stack: its top's rule and every rule it returns into."""
