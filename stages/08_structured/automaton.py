@@ -123,7 +123,8 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
                       minimize_positions: bool = True) -> Automaton:
     """The position tables of a grammar. With a budget: refused before anything is built if the
     grammar needs more than max_build_states states, refused after merging equivalent positions
-    (minimize.py) if more than max_states are left, and stopped at the deadline or on cancel().
+    (minimize.py) if more than max_states are left (unmerged, max_build_states is the bound), and
+    stopped at the deadline or on cancel().
     minimize_positions=False keeps every (rule, state) as its own position (to see what merging buys)."""
     budget = budget or CompileBudget.unlimited()
     if inline:
@@ -156,8 +157,9 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
         merged, count = minimize(final, edges, call_edges, budget)
     else:
         merged, count = list(range(total)), total
-    budget.at_most("max_states", count, f"the grammar needs {count} automaton states after merging equivalent "
-                   f"ones ({total} built)")
+    if minimize_positions:  # max_states bounds the merged positions (a mask each, if precomputed)
+        budget.at_most("max_states", count, f"the grammar needs {count} automaton states after merging "
+                       f"equivalent ones ({total} built)")
     first = {}                                     # merged id -> one position it stands for
     for pos in range(total):
         first.setdefault(merged[pos], pos)

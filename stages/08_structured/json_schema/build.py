@@ -19,6 +19,11 @@ from .values import (DIGIT, FORMATS, LOOSE_FORMATS, MAX_DIGITS, NEVER, NONZERO, 
                      class_minus, digit_count, ends_with_anchor, has_surrogate, in_class, integer_range, json_safe,
                      matches, repeat_or_never, safe_escape, seq_or_never, top_level_alternatives)
 
+# A length bound is one copy of a JSON string character's automaton (about 10 positions) per
+# character: bounds past this many characters are not written out but relaxed (best-effort; strict
+# refuses them by name), so a schema's 4,096-character field costs no more than an unbounded one.
+MAX_UNROLLED_LENGTH = 256
+
 PLAIN_ASCII = CharClass.of([(lo, min(hi, 0x7F)) for lo, hi in PLAIN.ranges if lo < 0x80])
 PLAIN_NON_ASCII = CharClass.of([(max(lo, 0x80), hi) for lo, hi in PLAIN.ranges if hi >= 0x80])
 
@@ -158,11 +163,25 @@ class Builder:
         elif hi is not None and lo > hi:
             expr = NEVER
         else:
+            lo, hi = self.unrollable_lengths(f, lo, hi)
             if hi is None and self.ctx.defaults.max_string_length is not None and not _string_excludes(f):
                 hi = max(lo, self.ctx.defaults.max_string_length)
                 self.note_default(f, "maxLength", f"no maxLength: at most {hi} characters (serving default)")
             expr = seq_or_never(lit('"'), repeat(self.ctx.helper("one_char"), lo, hi), lit('"'))
         return self.without_strings(expr, f, hint)
+
+    def unrollable_lengths(self, f: Flat, lo: int, hi: int | None) -> tuple[int, int | None]:
+        """minLength and maxLength as this compiler writes them out: one past MAX_UNROLLED_LENGTH
+        is relaxed (minLength to 0, maxLength to none), or refused in strict mode."""
+        if lo > MAX_UNROLLED_LENGTH:
+            self.ctx.relaxer.relax("minLength", f.where["minLength"], f"minLength {lo} is over the "
+                                   f"{MAX_UNROLLED_LENGTH} characters a bound may count here", "not enforced")
+            lo = 0
+        if hi is not None and hi > MAX_UNROLLED_LENGTH:
+            self.ctx.relaxer.relax("maxLength", f.where["maxLength"], f"maxLength {hi} is over the "
+                                   f"{MAX_UNROLLED_LENGTH} characters a bound may count here", "not enforced")
+            hi = None
+        return lo, hi
 
     # -------------------------------------------------------------- serving-mode default bounds
     def default_bounded(self, kind: str, f: Flat) -> Expr | None:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from course.s08_structured.automaton import compile_automaton
-from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
+from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, accepts, random_valid_path,
                                                  synthetic_vocab)
 from course.s08_structured.budget import CompileBudget, CompileCancelled, CompileTimeout, LimitExceeded
 from course.s08_structured.frontends.ebnf import parse_ebnf, to_ebnf
@@ -107,12 +107,31 @@ def test_budget_refuses_huge_counts_fast(schema):
 @pytest.mark.parametrize("schema", [
     {"type": "string", "pattern": "^(a{1000}){1000}$"},           # each count is fine, the product is not
     {"type": "string", "pattern": "^((((a{50}){50}){50}){50})$"},
-    {"type": "string", "maxLength": 5000},                          # ~29 states per bounded character
+    {"type": "string", "pattern": "^.{0,9000}$"},                   # ~8 states per bounded character
     {"type": "array", "prefixItems": [{"type": "string", "maxLength": 100}] * 30},   # 30 different bounded strings
     {"enum": ["x" * 70_000]},                                       # one long literal
 ])
 def test_budget_refuses_grammars_too_big_to_build_before_building_them(schema):
     assert "automaton states" in refused(schema, "max_build_states")
+
+
+def test_a_length_bound_too_long_to_write_out_is_relaxed_by_name_or_refused_in_strict_mode():
+    from course.s08_structured.json_schema import BEST_EFFORT, UnsupportedSchemaError
+    from course.s08_structured.json_schema.build import MAX_UNROLLED_LENGTH
+
+    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": 4096}}, "required": ["note"]}
+    with pytest.raises(UnsupportedSchemaError, match="maxLength") as e:
+        json_schema_to_grammar(schema)
+    assert e.value.pointer == "#/properties/note"
+    grammar = json_schema_to_grammar(schema, mode=BEST_EFFORT)
+    assert [(w.feature, w.pointer) for w in grammar.warnings] == [("maxLength", "#/properties/note")]
+    long_note = '{"note": "' + "x" * (MAX_UNROLLED_LENGTH + 1) + '"}'
+    assert accepts(grammar, long_note) and accepts(grammar, '{"note": ""}')   # larger, never smaller
+    assert compile_automaton(grammar).num_positions < 200                     # written as a loop
+    at_the_limit = {"type": "string", "minLength": 2, "maxLength": MAX_UNROLLED_LENGTH}
+    exact = json_schema_to_grammar(at_the_limit)                              # still enforced exactly
+    assert accepts(exact, '"' + "x" * MAX_UNROLLED_LENGTH + '"') and not accepts(exact, '"' + "x" * (MAX_UNROLLED_LENGTH + 1) + '"')
+    assert not accepts(exact, '"x"')
 
 
 def test_budget_refuses_an_automaton_that_blows_up_while_determinised():
@@ -187,7 +206,7 @@ def test_oversized_numbers_are_grammar_errors_without_a_budget(schema, error):
 
 
 # ---------------------------------------------------------------- the deadline and cancel()
-BIG = {"type": "string", "maxLength": 1500}   # ~43,000 states: seconds of work, allowed by max_states=None
+BIG = {"type": "string", "pattern": "^.{0,5000}$"}   # ~40,000 states: seconds of work, allowed by max_states=None
 
 
 def test_a_compile_past_its_deadline_raises_compile_timeout():

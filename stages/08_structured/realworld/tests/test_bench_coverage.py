@@ -1,6 +1,6 @@
 """The real-world coverage benchmark: `--quick` runs the 12 local schemas against
-xgrammar on a byte-level tokenizer; the report has its structure, and every local schema
-compiles in best-effort mode (each relaxation reported)."""
+xgrammar and llguidance on a byte-level tokenizer; the report has its structure, and every
+local schema compiles in best-effort mode (each relaxation reported)."""
 import json
 
 import pytest
@@ -8,10 +8,11 @@ import pytest
 from course.s08_structured.realworld import bench_coverage
 
 pytest.importorskip("xgrammar")
+pytest.importorskip("llguidance")
 
 ROW_KEYS = {"schema", "size_bytes", "strict", "strict_detail", "best_effort", "best_effort_detail", "warnings",
             "compile_s", "positions", "xgrammar", "xgrammar_detail", "xgrammar_compile_s", "compile_ratio",
-            "mask", "mask_ratio"}
+            "llguidance", "llguidance_detail", "llguidance_compile_s", "mask", "mask_ratio"}
 STATUSES = {"ok", "refused (budget)", "unsupported", "error"}
 
 
@@ -31,12 +32,20 @@ def test_quick_report_structure(report):
         assert r["strict"] in STATUSES and r["best_effort"] in STATUSES
         assert r["xgrammar"] in {"ok", "error"}
         assert (r["xgrammar_compile_s"] is None) == (r["xgrammar"] != "ok")
+        assert r["llguidance"] in {"ok", "error"}
+        assert (r["llguidance_compile_s"] is None) == (r["llguidance"] != "ok")
     s = report["summary"]
     assert s["schemas"] == 12
     assert s["ours_best_effort"] >= s["ours_strict"]
     assert s["both"] == sum(r["best_effort"] == "ok" and r["xgrammar"] == "ok" for r in rows)
     assert s["compile_ratio_n"] == sum(r["compile_ratio"] is not None for r in rows)
     assert s["median_compile_ratio"] > 0 and s["median_mask_ratio"] > 0
+    common = [r for r in rows if r["compile_s"] and r["xgrammar_compile_s"] and r["llguidance_compile_s"]]
+    assert s["all_three"] == len(common) > 0
+    for engine, e in s["engines"].items():   # medians and p99s over the same schemas for each engine
+        assert 0 < e["compile_median_ms"] <= e["compile_p99_ms"], engine
+        assert 0 < e["mask_median_ms"] <= e["mask_p99_ms"], engine
+        assert e["mask_steps"] == sum(len(r["mask"]["times_ms"][engine]) for r in common)
 
 
 def test_every_local_schema_compiles_best_effort(report):
@@ -49,11 +58,14 @@ def test_every_local_schema_compiles_best_effort(report):
         mask = r["mask"]
         assert "error" not in mask, mask
         assert mask["path_tokens"] > 0 and mask["ours_ms"] > 0
+        assert mask["ours_steps"] == mask["path_tokens"]
         if r["xgrammar"] == "ok":
             assert mask["xgrammar_ms"] > 0 and r["mask_ratio"] > 0
+        if r["llguidance"] == "ok":
+            assert mask["llguidance_ms"] > 0 and mask["llguidance_steps"] >= 1
 
 
 def test_quick_prints_tables(capsys):
     assert bench_coverage.main(["--quick", "--only", "get_weather"])["rows"]
     out = capsys.readouterr().out
-    assert "| local/get_weather |" in out and "compiled by both" in out
+    assert "| local/get_weather |" in out and "compiled by both" in out and "| llguidance |" in out
