@@ -41,6 +41,10 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = "llama"
+    # Mistral's sliding window: each token attends to the last `sliding_window` positions only. We
+    # attend to everything, which is the same model while a sequence fits the window, so from_hf
+    # caps max_position_embeddings at the window and longer sequences are refused, never mis-answered.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -57,6 +61,14 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         return self.num_attention_heads // self.num_key_value_heads
 
     @property
+    def context_limit(self) -> str:
+        """What bounds a sequence, for error messages."""
+        if self.sliding_window is not None:
+            return f"{self.max_position_embeddings} tokens (the model's sliding window: longer sequences would " \
+                   f"need windowed attention, which this engine does not implement)"
+        return f"{self.max_position_embeddings} tokens"
+
+    @property
     def architecture(self) -> str:
         """The transformers class name of this family, e.g. "Qwen3ForCausalLM"."""
         return ARCHITECTURES[self.model_type]
@@ -71,6 +83,10 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
                              f"supported: {SUPPORTED_MODEL_TYPES}")
         if d.get("use_sliding_window"):
             raise ValueError(f"this {model_type} config turns on sliding-window attention, which we do not implement")
+        max_len = d.get("max_position_embeddings", 2048)
+        window = d.get("sliding_window") if model_type in ("mistral", "mixtral") else None  # Qwen's needs the flag
+        if window is not None and window >= max_len:
+            window = None  # no sequence is long enough to leave the window
         heads = d["num_attention_heads"]
         # transformers 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
@@ -90,7 +106,8 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
             rope_theta=float(rope_theta),
             rope_scaling=None if rope["rope_type"] == "default" else rope,
-            max_position_embeddings=d.get("max_position_embeddings", 2048),
+            max_position_embeddings=max_len if window is None else window,
+            sliding_window=window,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", False)),
             o_bias=attention_bias,
@@ -130,6 +147,8 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         }
         if self.model_type != "qwen2":
             d["attention_bias"] = self.o_bias
+        if self.model_type in ("mistral", "mixtral"):
+            d["sliding_window"] = self.sliding_window
         return {**d, **moe_hf_fields(self)}
 
     def to_dict(self) -> dict[str, Any]:

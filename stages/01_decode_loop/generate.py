@@ -19,6 +19,9 @@ from .sequence import GenerationOutput, Sequence, TokenEvent
 @torch.no_grad()
 def next_token_logits(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
     """One full forward over `token_ids`; the logits that predict the next token ([vocab])."""
+    if len(token_ids) > model.config.max_position_embeddings:  # past it the model is not what we compute
+        raise ValueError(f"the sequence ({len(token_ids)} tokens) exceeds the longest this model takes, "
+                         f"{model.config.context_limit}")
     ids = torch.tensor(token_ids, dtype=torch.long, device=model.device)
     meta = AttentionMetadata.for_full_sequences([len(token_ids)], device=model.device)
     hidden = model(ids, FullCausalAttention(), meta)

@@ -137,3 +137,39 @@ def test_weights_first_use_converts_once_under_a_lock(tmp_path, monkeypatch):
     converted.clear()
     default_model.ensure_default_model()
     assert converted == [other / "SmolLM2-135M-Instruct"]  # only the other process's conversion
+
+
+def test_weights_a_mistral_sliding_window_is_served_within_the_window_and_refused_past_it(tmp_path, byte_tok):
+    """A Mistral config with `sliding_window` attends to the last W positions only. Full attention
+    is the same model while a sequence fits the window: within it, transformers' greedy tokens;
+    past it, a clear refusal (later stages refuse past max_position_embeddings too), never a
+    wrong answer."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from course.s01_decode_loop.config import ModelConfig
+    from course.s01_decode_loop.generate import generate_naive
+    from course.s01_decode_loop.sampling import SamplingParams
+    from course.s01_decode_loop.testing import greedy_reference
+
+    window = 12
+    config = MistralConfig(vocab_size=258, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                           max_position_embeddings=512, eos_token_id=257)
+    hf = save_transformers_model(config, byte_tok, tmp_path)
+    loaded = load_model(tmp_path)
+    assert (loaded.config.sliding_window, loaded.config.max_position_embeddings) == (window, window)
+    prompt = [5, 6, 7, 8]
+    ours = generate_naive(loaded.model, byte_tok, prompt,
+                          SamplingParams(max_new_tokens=window - len(prompt), temperature=0.0, ignore_eos=True))
+    assert ours.token_ids == greedy_reference(hf, prompt, window - len(prompt))[0]
+    longer = list(range(5, 5 + window + 3))
+    with pytest.raises(ValueError, match="sliding window"):
+        generate_naive(loaded.model, byte_tok, longer, SamplingParams(max_new_tokens=2))
+    # past the window, transformers' windowed model and full attention really differ: refusing matters
+    full = MistralForCausalLM(MistralConfig(**{**config.to_dict(), "sliding_window": None})).eval()
+    full.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        ids = torch.tensor([longer])
+        assert not torch.allclose(hf(ids).logits[0, -1], full(ids).logits[0, -1], atol=1e-4)
+    # a window no sequence can leave changes nothing
+    assert ModelConfig.from_hf({**config.to_dict(), "sliding_window": 4096}).sliding_window is None
