@@ -127,12 +127,14 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     stopped at the deadline or on cancel().
     minimize_positions=False keeps every (rule, state) as its own position (to see what merging buys)."""
     budget = budget or CompileBudget.unlimited()
+    costliest = f"; the schema's largest part: {grammar.costliest}" if grammar.costliest else ""
     if inline:
         grammar = inline_rules(grammar, budget)
-    _check_size(grammar, budget)
+    _check_size(grammar, budget, costliest)
     dfas: dict[str, _RuleDFA] = {}
     used = 0
     for name, body in grammar.rules.items():
+        budget.working_on = f"building rule {name!r}{costliest}"
         nfa = _NFA(name, budget)
         start, accept = nfa.new(), nfa.new()
         nfa.build(body, start, accept)
@@ -153,6 +155,7 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
             edges.append(tuple((lo, hi, off + t) for lo, hi, t in dfa.byte_edges[st]))
             call_edges.append(tuple((base[r], off + t) for r, t in dfa.call_edges[st]))
             rule_of.append(name)
+    budget.working_on = f"merging the {total} positions of {len(names)} rules"
     if minimize_positions:
         merged, count = minimize(final, edges, call_edges, budget)
     else:
@@ -185,14 +188,14 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     return auto
 
 
-def _check_size(grammar: Grammar, budget: CompileBudget) -> None:
+def _check_size(grammar: Grammar, budget: CompileBudget, costliest: str = "") -> None:
     """Refuse, before building anything, a rule over MAX_NFA_STATES states (always) or a grammar
     over the budget's max_build_states (its automaton has about as many states as its NFA)."""
     sizes = {name: 2 + nfa_states(body) for name, body in grammar.rules.items()}
     total = sum(sizes.values())
     biggest = max(sizes, key=sizes.get)
     budget.at_most("max_build_states", total, f"the grammar needs {total} automaton states (rule {biggest!r} "
-                   f"alone {sizes[biggest]}: long literals and repetition counts multiply)")
+                   f"alone {sizes[biggest]}: long literals and repetition counts multiply{costliest})")
     if sizes[biggest] > MAX_NFA_STATES:
         raise GrammarError(f"rule {biggest!r} is too large to compile ({sizes[biggest]} states, over "
                            f"{MAX_NFA_STATES}); lower its repetition counts")

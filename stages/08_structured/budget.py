@@ -37,9 +37,11 @@ class LimitExceeded(GrammarError):
 
 
 class CompileTimeout(LimitExceeded):
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, working_on: str | None = None):
+        self.working_on = working_on
         super().__init__("timeout_s", timeout_s,
-                         f"compiling this grammar took longer than this server's limit of {timeout_s:g} s")
+                         f"compiling this grammar took longer than this server's limit of {timeout_s:g} s"
+                         + (f" (at the deadline: {working_on})" if working_on else ""))
 
 
 class CompileCancelled(Exception):
@@ -66,6 +68,8 @@ class CompileBudget:
     timeout_s: float | None = 30.0        # wall-clock seconds from the budget's creation
     _deadline: float | None = field(init=False, repr=False, compare=False, default=None)
     _cancelled: threading.Event = field(init=False, repr=False, compare=False, default_factory=threading.Event)
+    # what the compile is doing now ("building rule 'root_items'"), named if the deadline passes
+    working_on: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self):
         if self.timeout_s is not None:
@@ -89,7 +93,7 @@ class CompileBudget:
         if self._cancelled.is_set():
             raise CompileCancelled("the compile was cancelled")
         if self._deadline is not None and time.monotonic() > self._deadline:
-            raise CompileTimeout(self.timeout_s)
+            raise CompileTimeout(self.timeout_s, self.working_on)
 
     def at_most(self, limit: str, amount: int, what: str) -> None:
         """Refuse `amount` if it is over the limit named `limit` (a field of this class). `what`

@@ -167,6 +167,9 @@ class Grammar:
     # Rules never inlined into their callers (inlining.py): big pieces that many callers
     # share, like the default-bounded string of json_schema/defaults.py.
     keep: frozenset = field(default=frozenset(), compare=False)
+    # The source's most expensive piece, "KEYWORD at POINTER, N states" (json_schema/): named when
+    # a compile is refused for its size or stopped at its deadline.
+    costliest: str | None = field(default=None, compare=False)
 
     def __post_init__(self):   # a grammar is whole: its root and every rule it names exist
         if self.root not in self.rules:

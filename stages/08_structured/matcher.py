@@ -68,6 +68,7 @@ def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = Tr
         if precompute:
             for pos in range(auto.num_positions):
                 if auto.scannable[pos]:
+                    budget.working_on = f"the masks of rule {auto.rule_of[pos]!r}"
                     budget.check()
                     compiled.masks[pos] = classify_position(compiled.pda, pos, compiled.vocab, budget)
     compiled.compile_seconds = time.perf_counter() - t0

@@ -105,7 +105,9 @@ class Builder:
             except PendingRule as e:
                 raise UnsupportedSchemaError("enum", f.where["enum"], "checking a value against "
                                              f"the recursive rule {e} that contains it") from None
-        return alt_or_never(*kept)
+        expr = alt_or_never(*kept)
+        self.ctx.cost(expr, "enum", f.where["enum"])
+        return expr
 
     def number_expr(self, f: Flat) -> Expr:
         """Bounds (and values ruled out) as exact digit patterns without an exponent
@@ -151,11 +153,13 @@ class Builder:
                                                                               + lengths),
                       f"only the format {fmt!r} is enforced")
             expr = seq_or_never(lit('"'), self.ctx.helper("format_" + fmt.replace("-", "_")), lit('"'))
+            self.ctx.cost(expr, "format", f.where["format"])
         elif pattern is not None:
             if lengths:
                 relax("pattern", f.where["pattern"], "together with " + ", ".join(lengths),
                       "only the pattern is enforced")
             expr = seq_or_never(lit('"'), self.pattern_expr(pattern, f.where["pattern"]), lit('"'))
+            self.ctx.cost(expr, "pattern", f.where["pattern"])
         elif lo == 0 and hi is None:
             # (not with strings ruled out by `not`: the generic string is the exact way to do that)
             bounded = None if _string_excludes(f) else self.default_bounded("string", f)
@@ -168,6 +172,7 @@ class Builder:
                 hi = max(lo, self.ctx.defaults.max_string_length)
                 self.note_default(f, "maxLength", f"no maxLength: at most {hi} characters (serving default)")
             expr = seq_or_never(lit('"'), repeat(self.ctx.helper("one_char"), lo, hi), lit('"'))
+            self.ctx.cost(expr, "maxLength" if hi is not None else "minLength", f.where.get("maxLength", f.where.get("minLength", "#")))
         return self.without_strings(expr, f, hint)
 
     def unrollable_lengths(self, f: Flat, lo: int, hi: int | None) -> tuple[int, int | None]:

@@ -134,6 +134,12 @@ def test_a_length_bound_too_long_to_write_out_is_relaxed_by_name_or_refused_in_s
     assert not accepts(exact, '"x"')
 
 
+def test_a_refusal_for_size_names_the_schemas_largest_part():
+    schema = {"type": "object", "properties": {"id": {"enum": ["a", "b"]},
+                                               "notes": {"type": "string", "pattern": "^.{0,9000}$"}}}
+    assert "largest part: pattern at #/properties/notes" in refused(schema, "max_build_states")
+
+
 def test_budget_refuses_an_automaton_that_blows_up_while_determinised():
     # A small NFA whose DFA needs 2^14 states: "an a 13 characters before the end".
     schema = {"type": "string", "pattern": "^(a|b)*a(a|b){13}$"}
@@ -209,11 +215,12 @@ def test_oversized_numbers_are_grammar_errors_without_a_budget(schema, error):
 BIG = {"type": "string", "pattern": "^.{0,5000}$"}   # ~40,000 states: seconds of work, allowed by max_states=None
 
 
-def test_a_compile_past_its_deadline_raises_compile_timeout():
+def test_a_compile_past_its_deadline_raises_compile_timeout_naming_what_it_was_building():
     start = time.perf_counter()
-    with pytest.raises(CompileTimeout, match="timeout_s"):
+    with pytest.raises(CompileTimeout, match="timeout_s") as e:
         compile_schema(BIG, CompileBudget(timeout_s=0.3, max_states=None))
     assert time.perf_counter() - start < HANG_GUARD_S
+    assert "rule" in e.value.working_on and e.value.working_on in str(e.value)   # the expensive part, by name
 
 
 def test_the_deadline_counts_from_the_budgets_creation():
