@@ -127,14 +127,25 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     stopped at the deadline or on cancel().
     minimize_positions=False keeps every (rule, state) as its own position (to see what merging buys)."""
     budget = budget or CompileBudget.unlimited()
-    costliest = f"; the schema's largest part: {grammar.costliest}" if grammar.costliest else ""
+    try:
+        return _compile_automaton(grammar, inline, budget, minimize_positions)
+    except LimitExceeded as e:  # too big or too slow: name the schema's largest part too
+        part = grammar.largest_part()
+        if part is None or e.limit not in ("max_build_states", "max_states", "timeout_s"):
+            raise
+        e.args = (f"{e.args[0]}; the schema's largest part: {part}",)
+        raise
+
+
+def _compile_automaton(grammar: Grammar, inline: bool, budget: CompileBudget,
+                       minimize_positions: bool) -> Automaton:
     if inline:
         grammar = inline_rules(grammar, budget)
-    _check_size(grammar, budget, costliest)
+    _check_size(grammar, budget)
     dfas: dict[str, _RuleDFA] = {}
     used = 0
     for name, body in grammar.rules.items():
-        budget.working_on = f"building rule {name!r}{costliest}"
+        budget.working_on = f"building rule {name!r}"
         nfa = _NFA(name, budget)
         start, accept = nfa.new(), nfa.new()
         nfa.build(body, start, accept)
@@ -188,14 +199,14 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     return auto
 
 
-def _check_size(grammar: Grammar, budget: CompileBudget, costliest: str = "") -> None:
+def _check_size(grammar: Grammar, budget: CompileBudget) -> None:
     """Refuse, before building anything, a rule over MAX_NFA_STATES states (always) or a grammar
     over the budget's max_build_states (its automaton has about as many states as its NFA)."""
     sizes = {name: 2 + nfa_states(body) for name, body in grammar.rules.items()}
     total = sum(sizes.values())
     biggest = max(sizes, key=sizes.get)
     budget.at_most("max_build_states", total, f"the grammar needs {total} automaton states (rule {biggest!r} "
-                   f"alone {sizes[biggest]}: long literals and repetition counts multiply{costliest})")
+                   f"alone {sizes[biggest]}: long literals and repetition counts multiply)")
     if sizes[biggest] > MAX_NFA_STATES:
         raise GrammarError(f"rule {biggest!r} is too large to compile ({sizes[biggest]} states, over "
                            f"{MAX_NFA_STATES}); lower its repetition counts")

@@ -167,9 +167,20 @@ class Grammar:
     # Rules never inlined into their callers (inlining.py): big pieces that many callers
     # share, like the default-bounded string of json_schema/defaults.py.
     keep: frozenset = field(default=frozenset(), compare=False)
-    # The source's most expensive piece, "KEYWORD at POINTER, N states" (json_schema/): named when
-    # a compile is refused for its size or stopped at its deadline.
-    costliest: str | None = field(default=None, compare=False)
+    # The source's leaf constraints, (expression, "KEYWORD at POINTER") (json_schema/): the largest
+    # is named when a compile is refused for its size or stopped at its deadline.
+    leaves: tuple = field(default=(), compare=False)
+
+    def largest_part(self) -> str | None:
+        """The leaf constraint with the most automaton states, as its rules are inlined."""
+        from .inlining import _substitute
+        from .nfa import nfa_states
+
+        sized = [(nfa_states(_substitute(expr, self.rules, {})), where) for expr, where in self.leaves]
+        if not sized:
+            return None
+        states, where = max(sized, key=lambda x: x[0])
+        return f"{where}, {states:,} states"
 
     def __post_init__(self):   # a grammar is whole: its root and every rule it names exist
         if self.root not in self.rules:

@@ -28,18 +28,12 @@ class SchemaContext:
         self.inlining: list[str] = []             # $ref targets being merged with siblings
         self.checked: set[int] = set()            # ids of schema objects already checked
         self.bounded_rules: dict[tuple, str] = {} # (kind, bound) -> rule name of a default-bounded piece
-        self.costliest: tuple[int, str] | None = None  # (states, "KEYWORD at POINTER"): the biggest leaf
+        self.leaves: list[tuple] = []             # (expr, "KEYWORD at POINTER"): each leaf constraint
 
     def cost(self, expr, keyword: str, pointer: str) -> None:
-        """Note a leaf constraint's automaton size, so that a compile too big or too slow can name
-        the keyword that made it so (nfa.py counts exactly, in time linear in the expression)."""
-        from ..inlining import _substitute
-        from ..nfa import nfa_states
-
-        helpers = {name: body for name, body in self.rules.items() if name in HELPERS and body is not None}
-        states = nfa_states(_substitute(expr, helpers, {}))  # as inlined: a string's characters counted
-        if self.costliest is None or states > self.costliest[0]:
-            self.costliest = (states, f"{keyword} at {pointer}")
+        """Note a leaf constraint, so that a compile too big or too slow can name the keyword that
+        made it so (Grammar.largest_part; sized only then)."""
+        self.leaves.append((expr, f"{keyword} at {pointer}"))
 
     def fresh(self, base: str) -> str:
         """A new rule name from a hint (a pointer, a property name), reserved until its body is set."""

@@ -236,7 +236,7 @@ def _finish(ctx: SchemaContext) -> Grammar:
     reachable = _reachable(rules, "root", ctx.budget)
     return Grammar({name: body for name, body in rules.items() if name in reachable},
                    warnings=tuple(ctx.relaxer.warnings),
-                   costliest=None if ctx.costliest is None else f"{ctx.costliest[1]}, {ctx.costliest[0]:,} states",
+                   leaves=tuple(ctx.leaves),
                    keep=frozenset(n for n in ctx.bounded_rules.values() if n in reachable))
 
 
