@@ -15,13 +15,14 @@ from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, json_schema_to_grammar
 from course.s08_structured.serving.closing import CloseOnBudget
 
-from . import dashboard, harness, tools
+from . import compat, dashboard, harness, tools
 from .async_engine import AsyncEngine
 from .engine import METHODS, Engine, SpeculativeConfig
 from .launch.kernel_defaults import describe as describe_kernels
 from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.sizing import cpu_kv_bytes, step_sizes
+from .launch.heap import freeze_startup_heap
 from .launch.kv_pool import num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
@@ -55,7 +56,7 @@ def plug_in_json_schema(app, server) -> None:
 
 def plugins(door: Door | None = None, dashboard_routes: bool = True) -> list:
     """Every room's plug-in of the full server; the door last, so its key check is the outermost."""
-    return [plug_in_json_schema, tools.plug_in, harness.plug_in] + [dashboard.plug_in] * dashboard_routes + \
+    return [plug_in_json_schema, tools.plug_in, harness.plug_in, compat.plug_in] + [dashboard.plug_in] * dashboard_routes + \
         [guard(door)]
 
 
@@ -63,6 +64,12 @@ def assemble_app(engine, tokenizer, model_name: str, limits: ServerLimits | None
                  dashboard_routes: bool = True):
     """The full server's app over `engine` (the tests' live servers are this one too)."""
     return build_app(engine, tokenizer, model_name, limits, plugins(door, dashboard_routes))
+
+
+def ready_to_serve(app) -> None:
+    """The last steps before answering: the grammar tables made, then the start-up heap frozen."""
+    app.state.grammars.prepare()
+    freeze_startup_heap()
 
 
 def build_server(args: argparse.Namespace, memory_info=None, tp=None):
@@ -210,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             tp.close()
         return 2
     engine.start()
+    ready_to_serve(app)
     try:
         serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout, **uvicorn_options(args.host, app.state.door))
     finally:

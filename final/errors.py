@@ -1,4 +1,5 @@
-"""Every error the server sends, in OpenAI's shape: {"error": {"message", "type", "code"}}.
+"""Every error the server sends, in OpenAI's shape: {"error": {"message", "type", "param", "code"}}
+(`param`: the request field at fault, when there is one).
 
 Whatever goes wrong, and wherever (FastAPI's body parsing, pydantic's validation, a route, an
 unexpected bug), the client gets this shape with a 4xx for its own mistakes, a 5xx only for
@@ -28,20 +29,29 @@ def safe_text(text: str) -> str:
     return text if len(text) <= MAX_MESSAGE_CHARS else text[:MAX_MESSAGE_CHARS] + "... (truncated)"
 
 
-def error_body(status: int, message: str, kind: str | None = None) -> dict:
+def error_body(status: int, message: str, kind: str | None = None, param: str | None = None) -> dict:
     return {"error": {"message": safe_text(message), "type": kind or KINDS.get(status, "invalid_request_error"),
-                      "code": status}}
+                      "param": param, "code": status}}
 
 
-def error(status: int, message: str, kind: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, kind), status_code=status)
+def error(status: int, message: str, kind: str | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, kind, param), status_code=status)
+
+
+class FieldError(ValueError):
+    """A request field the server cannot honour: a 400 naming it in `param`."""
+
+    def __init__(self, param: str, message: str):
+        self.param = param
+        super().__init__(message)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(x) for x in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
-        return error(400, problems or "malformed request body")
+        where = [".".join(str(x) for x in e["loc"][1:]) for e in exc.errors()]
+        problems = "; ".join(f"{w}: {e['msg']}" for w, e in zip(where, exc.errors()))
+        return error(400, problems or "malformed request body", param=next((w for w in where if w), None))
 
     @app.exception_handler(HTTPException)  # FastAPI's own: unreadable body, 404, 405
     async def http_error(_, exc: HTTPException):

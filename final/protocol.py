@@ -20,6 +20,7 @@ MAX_N = 16           # choices per request
 MAX_LOGPROBS = 20    # alternatives per token (OpenAI's chat limit)
 MAX_STOP = 16        # stop strings per request (OpenAI allows 4; each costs a check per token)
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # a signed 64-bit seed (as vLLM); choice i uses seed + i
+IGNORED_HEADER = "x-ignored-fields"  # names the fields a request sent that change nothing here
 
 
 def find_lone_surrogate(value) -> str | None:
@@ -119,6 +120,13 @@ class _Common(BaseModel):
     def num_logprobs(self) -> int | None:
         """None: no logprobs; k: the chosen token's and the k most likely."""
         raise NotImplementedError
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse (a FieldError, 400) a field naming a token the model does not have (compat/)."""
+
+    def ignored_fields(self) -> list[str]:
+        """Fields accepted that change nothing here, named back in a header (compat/)."""
+        return []
 
     def uses_grammar(self) -> bool:
         """Whether every choice is held to a grammar (known before it is compiled)."""

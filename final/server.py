@@ -41,7 +41,7 @@ from .body_limit import BodyLimit
 from .disconnect import until_disconnected
 from .engine_client import EngineClient, GenerationRequest, ShuttingDownError
 from .errors import error, install_error_handlers
-from .protocol import ChatRequest, CompletionRequest, StreamOptions
+from .protocol import IGNORED_HEADER, ChatRequest, CompletionRequest, StreamOptions
 from .responses import Choice, sse
 from .structured import GrammarCache, warning_headers
 
@@ -133,11 +133,14 @@ class Server:
         if constrained and body.ignore_eos:
             return error(400, "ignore_eos cannot be combined with response_format: once the JSON is complete "
                               "only the end of the output may follow")
+        body.check_vocabulary(self.engine.limits.vocab_size)  # FieldError: logit_bias names no such token
         if why := self.engine.refuse(request):  # an option this engine cannot honour: named, never ignored,
             return error(400, why)              # and before any schema is compiled for it
         # 400s past its limits; max_tokens: the JSON is closed before it runs out
         request.grammars = await body.grammars(self.grammars, request.n, max_tokens)
         headers = warning_headers(request.grammars)  # what a best-effort schema compile did not enforce
+        if ignored := body.ignored_fields():  # accepted as OpenAI's API does, but with no effect here
+            headers[IGNORED_HEADER] = ", ".join(ignored)
         stream = self.engine.submit(request)  # admission: raises at once
         shape = body.response_shape()(kind, request.request_id, int(time.time()), self.model_name, len(ids),
                                       self.tokenizer)
@@ -161,7 +164,7 @@ async def answer(work) -> Response:
     try:
         return await work
     except (ValueError, QueueFullError, ShuttingDownError) as e:
-        return error(status_of(e), str(e))
+        return error(status_of(e), str(e), param=getattr(e, "param", None))
 
 
 def build_app(engine: EngineClient, tokenizer, model_name: str, limits: ServerLimits | None = None,

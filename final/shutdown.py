@@ -16,7 +16,6 @@ from collections.abc import Callable
 import uvicorn
 
 from .engine_client import EngineClient
-from .heap import freeze_startup_heap
 
 log = logging.getLogger("uvicorn.error")
 
@@ -55,8 +54,6 @@ def serve_until_stopped(app, engine, host: str, port: int, drain_timeout: float,
     thread, or the remote workers' streams): what both `serve` paths do once their engine is up."""
     config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5, **uvicorn_options)
     server = GracefulServer(config, engine, drain_timeout, on_drain=app.state.grammars.cancel_all)
-    app.state.grammars.prepare()  # the tokenizer's tables for masks, before the first schema needs them
-    freeze_startup_heap()  # the model, tokenizer and engine live as long as the process: no GC walks
     try:
         server.run()
     finally:

@@ -28,7 +28,7 @@ def collection_ms(repeats: int) -> list[float]:
 
 def run(args: argparse.Namespace) -> dict:
     from ..cli import build_server, make_parser
-    from ..heap import freeze_startup_heap
+    from ..launch.heap import freeze_startup_heap
 
     server = build_server(make_parser()[0].parse_args(["serve"]))  # held to the end, as when serving
     tracked = len(gc.get_objects())

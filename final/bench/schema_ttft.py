@@ -43,8 +43,7 @@ def first_token_seconds(url: str, schema: dict | None, max_tokens: int) -> float
 def run(args: argparse.Namespace) -> dict:
     from course.s08_structured.realworld.bench_finish import example_and_realworld_schemas
 
-    from ..cli import build_server, make_parser
-    from ..heap import freeze_startup_heap
+    from ..cli import build_server, make_parser, ready_to_serve
     from ..testing import running_server
 
     server_args = make_parser()[0].parse_args(["serve"])
@@ -53,8 +52,7 @@ def run(args: argparse.Namespace) -> dict:
     rows, floor = [], []
     with running_server(engine, tokenizer, "SmolLM2-135M-Instruct") as (url, srv):
         grammars = srv.config.app.state.grammars
-        grammars.prepare()  # as `serve` does before it answers (final/shutdown.py)
-        freeze_startup_heap()
+        ready_to_serve(srv.config.app)  # as `serve` does before it answers
         for _ in range(3):
             floor.append(first_token_seconds(url, None, args.max_tokens))
         for mode in ("lazy", "precomputed"):

@@ -132,9 +132,11 @@ class RemoteEngine(EngineClient):
         if request.priority:
             return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
-        if request.constrained or request.grammars or any(p.logits_processors for p in request.params):
+        if request.constrained or request.grammars:
             return ("response_format and tool calls (tool_choice other than none) are not supported by the "
                     "disaggregated server (--disaggregated)")
+        if any(p.logits_processors for p in request.params):
+            return "logit_bias is not supported by the disaggregated server (--disaggregated)"
         if any(p.logprobs is not None or getattr(p, "prompt_logprobs", None) is not None for p in request.params):
             return "logprobs and prompt logprobs are not supported by the disaggregated server (--disaggregated)"
         return None
@@ -259,6 +261,7 @@ def serve_disaggregated(args: argparse.Namespace, assemble_app) -> int:
     from course.s07_disaggregated.cli import resolve_model_dir
     from course.s07_disaggregated.launcher import Topology
 
+    from ..launch.heap import freeze_startup_heap
     from ..launch.kv_pool import num_kv_blocks, parse_size
     from ..security.options import door_from_args, uvicorn_options
     from ..server import ServerLimits
@@ -305,6 +308,7 @@ def serve_disaggregated(args: argparse.Namespace, assemble_app) -> int:
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
             app = assemble_app(engine, tokenizer, name, limits, door, not args.no_dashboard)
             signal.signal(signal.SIGTERM, previous)  # uvicorn installs its own (a drain) from here
+            freeze_startup_heap()  # no schema compiles here (the workers refuse response_format)
             try:
                 serve_until_stopped(app, engine, args.host, args.port, args.drain_timeout,
                                     **uvicorn_options(args.host, door))

@@ -26,7 +26,7 @@ def post(url: str, route: str, body, **kw) -> httpx.Response:
 def assert_openai_error(r: httpx.Response, status: int) -> str:
     assert r.status_code == status, r.text
     err = r.json()["error"]
-    assert set(err) == {"message", "type", "code"} and err["code"] == status and err["message"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status and err["message"]
     return err["message"]
 
 

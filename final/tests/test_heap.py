@@ -1,7 +1,7 @@
 import gc
+import inspect
 
-from course.final import shutdown
-from course.final.heap import freeze_startup_heap
+from course.final.launch.heap import freeze_startup_heap
 
 
 def test_freezing_hides_the_startup_heap_and_still_reclaims_new_garbage():
@@ -21,26 +21,25 @@ def test_freezing_hides_the_startup_heap_and_still_reclaims_new_garbage():
 
 
 def test_serve_makes_the_grammar_tables_then_freezes_the_heap_before_it_answers(monkeypatch):
-    seen, prepared = [], []
+    from course.final import cli
+
+    order = []
 
     class App:
         class state:
             class grammars:
-                cancel_all = staticmethod(lambda: None)
-                prepare = staticmethod(lambda: prepared.append(gc.get_freeze_count()))
+                prepare = staticmethod(lambda: order.append(("prepare", gc.get_freeze_count())))
 
-    class Engine:
-        def shutdown(self):
-            pass
-
-    monkeypatch.setattr(shutdown.GracefulServer, "run", lambda self: seen.append(gc.get_freeze_count()))
+    monkeypatch.setattr(cli, "serve_until_stopped", lambda *a, **k: order.append(("serve", gc.get_freeze_count())))
     gc.unfreeze()
     try:
-        shutdown.serve_until_stopped(App(), Engine(), "127.0.0.1", 0, 1.0)
+        cli.ready_to_serve(App())
+        cli.serve_until_stopped(App(), None, "127.0.0.1", 0, 1.0)
     finally:
         gc.unfreeze()
-    assert prepared == [0]  # made before the freeze, so the tables are frozen with the rest
-    assert seen and seen[0] > 0
+    assert order[0] == ("prepare", 0)  # made before the freeze, so the tables are frozen with the rest
+    assert order[1][0] == "serve" and order[1][1] > 0
+    assert "ready_to_serve(app)" in inspect.getsource(cli.main)  # and `serve` does it before serving
 
 
 def test_prepare_makes_the_tokenizer_tables_before_any_schema(byte_tok):

@@ -91,7 +91,7 @@ def test_server_seeded_sampling_with_speculation_reproduces(lookup_server, clien
 
 
 @pytest.mark.parametrize("route, body, value", [  # a string is not guessed at, nor a number read as a boolean
-    ("/v1/completions", {"prompt": "x"}, "false"), ("/v1/completions", {"prompt": "x"}, None),
+    ("/v1/completions", {"prompt": "x"}, "false"), ("/v1/completions", {"prompt": "x"}, []),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}, 0)])
 def test_server_refuses_a_speculative_that_is_not_a_boolean(lookup_server, route, body, value):
     r = httpx.post(lookup_server[0] + route, json=body | {"max_tokens": 2, "speculative": value})

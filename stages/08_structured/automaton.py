@@ -130,10 +130,8 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     try:
         return _compile_automaton(grammar, inline, budget, minimize_positions)
     except LimitExceeded as e:  # too big or too slow: name the schema's largest part too
-        part = grammar.largest_part()
-        if part is None or e.limit not in ("max_build_states", "max_states", "timeout_s"):
-            raise
-        e.args = (f"{e.args[0]}; the schema's largest part: {part}",)
+        if e.limit in ("max_build_states", "max_states", "timeout_s") and (part := grammar.largest_part()):
+            e.args = (f"{e.args[0]}; the schema's largest part: {part}",)
         raise
 
 
