@@ -45,7 +45,10 @@ from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from .drafter import Draft, Drafter, draft_chain
 from .tree import Tree, TreeAttention, block_metadata, tree_size
 
-DEFAULT_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # trained by training/train_eagle.py
+EAGLE1_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # training/train_eagle.py --head eagle
+# The head that drafts when none is named: the one that drafts best on the held-out prompts
+# (README, "The EAGLE heads"): EAGLE-3's (eagle3.py). EagleHead.load reads either kind.
+DEFAULT_HEAD = Path(__file__).parent / "eagle3_smollm2_135m.safetensors"
 
 
 class HeadMismatch(ValueError):

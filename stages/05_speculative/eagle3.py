@@ -33,9 +33,9 @@ from torch import nn
 from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.model import RMSNorm
 
-from .eagle import EagleHead
+from .eagle import DEFAULT_HEAD, EagleHead
 
-DEFAULT_HEAD3 = Path(__file__).parent / "eagle3_smollm2_135m.safetensors"  # training/train_eagle.py --head eagle3
+DEFAULT_HEAD3 = DEFAULT_HEAD  # training/train_eagle.py --head eagle3 writes the default head
 
 
 def default_taps(num_layers: int) -> tuple[int, ...]:

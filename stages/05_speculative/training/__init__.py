@@ -1,5 +1,5 @@
-"""Training the EAGLE heads that eagle.py and eagle3.py draft with (the shipped one is
-eagle_smollm2_135m.safetensors; an EAGLE-3 head is written to eagle3_smollm2_135m.safetensors).
+"""Training the EAGLE heads that eagle.py and eagle3.py draft with (an EAGLE-3 head is written to
+eagle3_smollm2_135m.safetensors, the default; an EAGLE-1/2 head to eagle_smollm2_135m.safetensors).
 
     python -m course.s05_speculative.training.train_eagle --self-distill 6000 --data-only   # hours, resumable
     python -m course.s05_speculative.training.train_eagle --self-distill 6000

@@ -38,7 +38,7 @@ from course.s01_decode_loop.bench.workloads import load_conversations
 from course.s01_decode_loop.generate import encode_prompt
 from course.s01_decode_loop.weights import load_model
 
-from ..eagle import DEFAULT_HEAD, EagleHead
+from ..eagle import EAGLE1_HEAD, EagleHead
 from ..eagle3 import DEFAULT_HEAD3, Eagle3Head, default_taps
 from .eagle_data import (benchmark_prompts, cached_jsonl, distill_answers, draft_vocabulary, heldout_prompts,
                          packed_groups, sharegpt_samples, target_answers, target_features)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
 
     head = (Eagle3Head(target.config, vocab, taps) if taps else EagleHead(target.config, vocab)).to(args.device).train()
-    out = args.out or (DEFAULT_HEAD3 if taps else DEFAULT_HEAD)
+    out = args.out or (DEFAULT_HEAD3 if taps else EAGLE1_HEAD)
     opt = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     steps_per_epoch = len(list(packed_groups(range(len(samples)), samples, args.batch_tokens)))
     total_steps = steps_per_epoch * args.epochs
