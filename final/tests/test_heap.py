@@ -51,3 +51,12 @@ def test_prepare_makes_the_tokenizer_tables_before_any_schema(byte_tok):
     cache.prepare()
     info = cache.tokenizer_info()
     assert getattr(info, "_matrix", None) is not None and getattr(info, "_tokens_by_bytes", None) is not None
+
+
+def test_prepare_works_when_the_tokenizer_has_more_ids_than_the_model_has_logits(byte_tok):
+    from course.final.structured import GrammarCache
+    from course.s08_structured.serving.closing import CloseOnBudget
+
+    cache = GrammarCache(byte_tok, 250, [byte_tok.eos_token_id])  # fewer logits than the tokenizer's ids
+    cache.narrow = CloseOnBudget()
+    cache.prepare()
