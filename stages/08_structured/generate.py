@@ -63,8 +63,7 @@ class GrammarLogitsProcessor:
         self.prepare(output_ids)
         out = apply_token_bitmask(logits.clone(), self.bitmask[0])
         if self._unnarrowed is not None:  # the budget narrowed this mask: did it take the model's choice?
-            # (a tokenizer may have more ids than the model has logits: those are never sampled)
-            allowed = torch.from_numpy(self._unnarrowed[:logits.shape[-1]]).to(logits.device)
+            allowed = torch.from_numpy(self._unnarrowed[:logits.shape[-1]]).to(logits.device)  # ids past the logits: none
             first = int(torch.where(allowed, logits, float("-inf")).argmax())
             if out[first] == float("-inf"):
                 self._cuts.add(len(self.tokens))
