@@ -156,7 +156,8 @@ def kernel_settings(args) -> dict:
 def build_engine(loaded, args) -> Engine:
     config = KernelEngineConfig(num_blocks=args.kv_blocks, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
-                                one_call_layers=args.one_call_layers, **kernel_settings(args))
+                                one_call_layers=args.one_call_layers,
+                                kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"), **kernel_settings(args))
     return Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, prefetch_masks=False)
 
 
@@ -249,6 +250,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--one-call-layers", action=argparse.BooleanOptionalAction, default=True,
                    help="stage 06's one C call per layer")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--kv-cache-dtype", default="auto", help="what the KV cache stores (serve's flag)")
     p.add_argument("--max-num-seqs", type=int, default=SEQS, help="default: the CPU server's (launch/sizing.py)")
     p.add_argument("--max-num-batched-tokens", type=int, default=BUDGET)
     p.add_argument("--kv-blocks", type=int, default=2048, help="default: every request of a workload at once")
@@ -267,7 +269,7 @@ def run(args: argparse.Namespace) -> dict:
         results.append(profile(loaded, args, name))
         if args.torch_profiler:
             print(torch_profile(loaded, args, name, args.top))
-    return {**kernel_settings(args), "dtype": args.dtype, "max_num_seqs": args.max_num_seqs,
+    return {**kernel_settings(args), "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens, "results": results}
 
 

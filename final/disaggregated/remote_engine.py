@@ -229,7 +229,7 @@ LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "gpu_memory_utilization", "atte
               "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization", "overlap",
               "speculative_method",
               "num_speculative_tokens", "speculative_disable_by_batch_size", "scheduling_policy", "cost_model",
-              "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation"]
+              "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation", "kv_cache_dtype"]
 TOPOLOGY = ["prefill", "decode", "replicas", "routing_policy"]
 
 

@@ -14,7 +14,8 @@ from typing import Callable
 
 import torch
 
-from course.s02_kv_cache.kv_size import human, kv_bytes_per_token
+from course.s02_kv_cache.kv_size import human
+from course.s03_paged.quantized_kv import pool_bytes_per_token
 
 from .sizing import GPU_BUDGET, GPU_SEQS
 
@@ -64,11 +65,12 @@ def parse_size(text: str, flag: str = "--kv-memory") -> int:
 
 
 def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype, device: str = "cpu",
-                  memory_info=None, reserved_blocks: int = 1) -> int:
+                  memory_info=None, reserved_blocks: int = 1, kv_dtype: torch.dtype | None = None) -> int:
     """--kv-blocks as given; or as many blocks as `kv_memory` bytes (--kv-memory) hold for this
-    model; or, on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
+    model, its K/V stored as `kv_dtype` (default: `dtype`; int8 codes and their scales count); or,
+    on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
     (`memory_info` as torch.cuda.mem_get_info); else 512."""
-    per_block = args.block_size * kv_bytes_per_token(model_config, dtype)
+    per_block = args.block_size * pool_bytes_per_token(model_config, kv_dtype or dtype)
     if kv_memory is not None:
         blocks = kv_memory // per_block
         if blocks < 1:

@@ -132,6 +132,12 @@ def test_cli_serves_the_default_model_with_int8_weights(smollm2):
     assert "Paris" in ask_for_the_capital_of_france("--quantization", "int8")
 
 
+@pytest.mark.slow
+def test_cli_serves_the_default_model_with_an_int8_kv_cache(smollm2):
+    """`--kv-cache-dtype int8`: K/V stored as int8 codes and scales, the right answer still."""
+    assert "Paris" in ask_for_the_capital_of_france("--kv-cache-dtype", "int8")
+
+
 @pytest.mark.parametrize("flags, policy", [(["--speculative-method", "lookup"], "cost"),
                                            (["--speculative-method", "lookup", "--speculative-policy", "fixed"], None),
                                            ([], None)])

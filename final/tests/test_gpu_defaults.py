@@ -120,6 +120,31 @@ def test_graph_bounds_follow_the_flags(tiny_folder, capsys):
     assert graphs.max_seq_len == 48 and graphs.token_buckets == [] and len(graphs.graphs) == 2
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8", "bfloat16"])
+def test_kv_cache_dtype_buys_the_tokens_its_bytes_hold(tiny_folder, capsys, kv_cache_dtype):
+    """The same --kv-memory holds as many more blocks as the stored K/V is smaller (int8 and fp8
+    codes with their scales: 4 d / (d + 2) times float32's, d the head dim), and says so at start."""
+    from course.s03_paged.quantized_kv import KV_CACHE_DTYPES, pool_bytes_per_token
+
+    blocks = {}
+    for kv in ("auto", kv_cache_dtype):
+        engine, _ = build_server(serve_args("--model", str(tiny_folder), "--kv-memory", "4MiB", "--kv-cache-dtype", kv))
+        blocks[kv] = engine.engine.blocks.num_blocks
+        config = engine.engine.model.config
+    stored = KV_CACHE_DTYPES[kv_cache_dtype]
+    assert engine.engine.cache.k.dtype == stored
+    assert blocks[kv_cache_dtype] == 4 * 2**20 // (16 * pool_bytes_per_token(config, stored))
+    assert blocks[kv_cache_dtype] / blocks["auto"] > (3.5 if stored.itemsize == 1 else 1.9)
+    assert f"{str(stored).removeprefix('torch.')}, " in capsys.readouterr().err
+
+
+def test_a_kv_cache_dtype_the_backend_cannot_read_is_refused_at_start(tiny_folder):
+    with pytest.raises(ValueError, match=r"triton backend reads K/V pools of the model's dtype \(torch.float32\) or "
+                                         "int8, not torch.float8_e4m3fn: every --kv-cache-dtype runs on the torch and cpu"):
+        build_server(serve_args("--model", str(tiny_folder), "--kv-blocks", "16", "--attention-backend", "triton",
+                                "--kv-cache-dtype", "fp8"))
+
+
 def test_without_graphs_start_up_captures_nothing(tiny_folder, capsys):
     engine, _ = build_server(serve_args("--model", str(tiny_folder), "--kv-blocks", "16"))
     assert engine.engine.runner.graphs is None and engine.engine.warm_up() == 0
@@ -127,7 +152,8 @@ def test_without_graphs_start_up_captures_nothing(tiny_folder, capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--gpu-memory-utilization", "0.5"), ("--graph-max-seq-len", "64"),
-                                        ("--graph-max-num-tokens", "0"), ("--dtype", "bfloat16")])
+                                        ("--graph-max-num-tokens", "0"), ("--dtype", "bfloat16"),
+                                        ("--kv-cache-dtype", "int8")])
 def test_local_engine_flags_are_refused_with_disaggregated(flag, value, capsys):
     assert main(["serve", "--disaggregated", flag, value]) == 2
     assert f"{flag} is not supported with --disaggregated" in capsys.readouterr().err

@@ -16,6 +16,7 @@ from course.s02_kv_cache.generate import check_max_len
 
 from .block_manager import BlockManager, NoFreeBlocksError
 from .paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from .quantized_kv import storage_dtype
 
 
 def check_fits(seq: Sequence, max_model_len: int, blocks: BlockManager) -> None:
@@ -29,9 +30,10 @@ def check_fits(seq: Sequence, max_model_len: int, blocks: BlockManager) -> None:
 
 class PagedGenerator:
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int = 16,
-                 enable_prefix_caching: bool = True, max_model_len: int | None = None):
+                 enable_prefix_caching: bool = True, max_model_len: int | None = None, kv_cache_dtype: str = "auto"):
         self.model = model
-        self.cache = PagedKVCache(model.config, num_blocks, block_size, dtype=model.dtype, device=model.device)
+        self.cache = PagedKVCache(model.config, num_blocks, block_size, dtype=model.dtype, device=model.device,
+                                  kv_dtype=storage_dtype(kv_cache_dtype, model.dtype))  # int8, fp8: quantized_kv.py
         self.attn = PagedAttention(self.cache)
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.max_model_len = max_model_len or model.config.max_position_embeddings

@@ -4,6 +4,8 @@ The pool holds, for every layer, `num_blocks` blocks of `block_size` token slots
 K/V goes to *slot* `block_id * block_size + offset`; the `slot_mapping` tells the backend the
 slot of every new token in the flat batch, and a sequence's `block_table` lists its blocks in
 order. This PyTorch gather is the reference that stage 06's Triton kernel is checked against.
+A pool may store its K/V quantized (`kv_dtype` int8 or fp8: codes and scales, quantized_kv.py);
+attention then reads the codes of the blocks it visits and dequantizes them.
 """
 from __future__ import annotations
 
@@ -14,25 +16,56 @@ import torch
 from course.s01_decode_loop.attention import AttentionBackend, AttentionMetadata, causal_attention
 from course.s01_decode_loop.config import ModelConfig
 
+from .quantized_kv import SCALE_DTYPE, QuantizedPool, is_quantized
+
 
 class PagedKVCache:
-    """K and V pools: [layers, num_blocks, block_size, n_kv_heads, head_dim] each."""
+    """K and V pools: [layers, num_blocks, block_size, n_kv_heads, head_dim] each, in `dtype`, or in
+    `kv_dtype` (int8, fp8) with `k_scale`/`v_scale` [layers, num_blocks, block_size, n_kv_heads]."""
 
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu"):
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu",
+                 kv_dtype: torch.dtype | None = None):
         shape = (config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.dtype, self.kv_dtype = dtype, kv_dtype or dtype  # what attention computes in; what the pool stores
+        self.k = torch.zeros(shape, dtype=self.kv_dtype, device=device)
+        self.v = torch.zeros(shape, dtype=self.kv_dtype, device=device)
+        self.k_scale = self.v_scale = None
+        if is_quantized(self.kv_dtype):
+            self.k_scale = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device)
+            self.v_scale = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device)
         self.block_size = block_size
 
     @property
+    def quantized(self) -> bool:
+        return self.k_scale is not None
+
+    @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return sum(t.nbytes for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None)
+
+    def pools(self, layer: int):
+        """The layer's K and V pools, [num_blocks, block_size, Hkv, D]: tensors, or QuantizedPools
+        that dequantize what they are indexed with."""
+        if self.kv_dtype == self.dtype:
+            return self.k[layer], self.v[layer]
+        scales = (None, None) if not self.quantized else (self.k_scale[layer], self.v_scale[layer])
+        return (QuantizedPool(self.k[layer], scales[0], self.dtype),
+                QuantizedPool(self.v[layer], scales[1], self.dtype))
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [T, Hkv, D] into the layer's pool at slots [T]."""
+        for pool, x in zip(self.pools(layer), (k, v)):
+            if isinstance(pool, QuantizedPool):
+                pool.store(slots, x)
+            else:
+                pool.view(-1, *x.shape[1:])[slots] = x.to(pool.dtype)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks, every layer (for BlockManager.fork)."""
         for src, dst in pairs:
-            self.k[:, dst] = self.k[:, src]
-            self.v[:, dst] = self.v[:, src]
+            for t in (self.k, self.v, self.k_scale, self.v_scale):
+                if t is not None:
+                    t[:, dst] = t[:, src]
 
 
 @dataclass
@@ -64,10 +97,9 @@ class PagedAttention(AttentionBackend):
 
     def forward(self, layer, q, k, v, meta: PagedAttentionMetadata):
         bs = self.cache.block_size
-        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, bs, kv, d]
         # 1. write this step's K/V into their slots (a view of the pool as one long row of slots)
-        k_pool.view(-1, *k.shape[1:])[meta.slot_mapping] = k
-        v_pool.view(-1, *v.shape[1:])[meta.slot_mapping] = v
+        self.cache.write(layer, meta.slot_mapping, k, v)
+        k_pool, v_pool = self.cache.pools(layer)  # [num_blocks, bs, kv, d]
         # 2. each sequence gathers its blocks back into order and attends over them
         out = torch.empty_like(q)
         bounds = meta.cu_seqlens_q.tolist()

@@ -25,6 +25,7 @@ from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEve
 from course.s03_paged.block_manager import BlockManager
 from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
+from course.s03_paged.quantized_kv import storage_dtype
 
 from .batch_sampler import sample_batch
 from .priority_scheduler import PriorityScheduler
@@ -47,6 +48,7 @@ class EngineConfig:
     max_model_len: int | None = None    # default: the model's max_position_embeddings
     max_waiting: int = 1024             # queue bound: admission control
     record_steps: bool = True           # keep step_log (tests, notebooks); a long-running server turns it off
+    kv_cache_dtype: str = "auto"        # what the pool stores: auto (the model's dtype), bfloat16, int8, fp8
 
 
 @dataclass
@@ -68,7 +70,7 @@ class LLMEngine:
         # the pool may hold a few blocks more than the BlockManager hands out (stage 06 keeps one
         # as the write target of CUDA-graph padding rows): ids num_blocks.. are never allocated
         self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
-                                  model.dtype, model.device)
+                                  model.dtype, model.device, storage_dtype(config.kv_cache_dtype, model.dtype))
         self.attn = PagedAttention(self.cache)
         self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         if scheduler_cls is None:  # FCFS by default; a policy that displaces needs the scheduler that can

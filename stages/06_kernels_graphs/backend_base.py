@@ -37,8 +37,13 @@ class KernelBackend(AttentionBackend):
     rotary_in_kv_write = False  # True: it offers `rotary_forward`, `forward` with RoPE in the KV write's launch
     tree_masks = False          # True: eager steps may hold speculative trees (`build_metadata`'s `trees`)
     captured_experts: Callable | None = None  # MoE experts of captured steps: a room's (gpu/)
+    stored_kv: tuple | None = None  # pool dtypes it reads besides the model's (None: all stage 03 stores)
 
     def __init__(self, cache: PagedKVCache):
+        if cache.kv_dtype != cache.dtype and self.stored_kv is not None and cache.kv_dtype not in self.stored_kv:
+            also = "".join(f" or {str(t).removeprefix('torch.')}" for t in self.stored_kv)
+            raise ValueError(f"the {self.name} backend reads K/V pools of the model's dtype ({cache.dtype}){also}, "
+                             f"not {cache.kv_dtype}: every --kv-cache-dtype runs on the torch and cpu backends")
         self.cache = cache
 
     @classmethod

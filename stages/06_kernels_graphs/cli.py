@@ -12,14 +12,14 @@ import torch
 
 from course.s04_continuous_batching.cli import run_cli
 
-from . import cpu, gpu, mixed_graphs, overlap
+from . import cpu, gpu, int8_kv, mixed_graphs, overlap
 from .engine import BACKENDS, KernelEngineConfig, LLMEngine
 from .triton_backend import KERNEL_SETS
 
 
 def register_rooms() -> None:
-    """Each room's `register()` (cpu/, gpu/, mixed_graphs/, overlap/) says what it plugs in."""
-    for room in (cpu, gpu, mixed_graphs, overlap):
+    """Each room's `register()` (cpu/, gpu/, int8_kv/, mixed_graphs/, overlap/) says what it plugs in."""
+    for room in (cpu, gpu, int8_kv, mixed_graphs, overlap):
         room.register()
 
 

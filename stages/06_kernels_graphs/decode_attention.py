@@ -13,6 +13,9 @@ Split-K (FlashDecoding): with few sequences there are too few programs to fill t
 each sequence's table is cut into S column ranges, one program each; each writes its partial
 output and log-sum-exp, and a second small kernel merges them (rescaling by exp(lse - max)).
 
+An int8 pool (stage 03's quantized_kv.py) is read as it lies: a key's float16 scale multiplies
+its scores, a value's its softmax weights, so memory sees one byte per value.
+
 Everything on the host comes from tensor shapes, never values, so the call is graph-capturable.
 """
 from __future__ import annotations
@@ -28,11 +31,11 @@ BLOCK_N = 16
 
 @triton.jit
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -64,12 +67,16 @@ def _decode_kernel(
         v = tl.load(v_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
 
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]: q.k for every head of the group
+        if QUANTIZED:  # an int8 key's scale (one per token and KV head: at slot / HEAD_DIM) scales its scores
+            s = s * tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[None, :]
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0., m_new)  # exp(-inf - -inf) would be NaN
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
         l_i = l_i * alpha + tl.sum(p, axis=1)
+        if QUANTIZED:  # and a value's, its weights
+            p = p * tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[None, :]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
 
@@ -108,14 +115,16 @@ def _reduce_kernel(
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=1,
-                           out=None, block_n=BLOCK_N, num_warps=None) -> torch.Tensor:
+                           out=None, block_n=BLOCK_N, num_warps=None, k_scale=None, v_scale=None) -> torch.Tensor:
     """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged
     pool k/v_cache [num_blocks, block_size, Hkv, D], whose pages are block_tables[b]. Returns
     [B, H, D] in q's dtype, written into `out` if given. num_splits > 1: split-K + reduce.
-    block_n (keys per tile, a power of two) and num_warps are tuning knobs (bench/tune_decode.py)."""
+    An int8 pool comes with k/v_scale [num_blocks, block_size, Hkv]. block_n (keys per tile, a
+    power of two) and num_warps are tuning knobs (bench/tune_decode.py)."""
     B, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
+    assert k_scale is None or (k_cache.dtype == torch.int8 and k_scale.is_contiguous() and v_scale.is_contiguous())
     if scale is None:
         scale = D ** -0.5
     if out is None:
@@ -133,12 +142,13 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
         part_o = part_lse = out  # unused: the single pass writes `out` directly
     launch = {} if num_warps is None else {"num_warps": num_warps}
     _decode_kernel[(B, hkv, num_splits)](
-        q, k_cache, v_cache, out, part_o, part_lse, block_tables, seq_lens, float(scale),
+        q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
+        out, part_o, part_lse, block_tables, seq_lens, float(scale),
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_tables.stride(1),
         triton.cdiv(width, num_splits),
         HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        PAGE=page, NUM_SPLITS=num_splits, BLOCK_N=block_n, **launch,
+        PAGE=page, NUM_SPLITS=num_splits, BLOCK_N=block_n, QUANTIZED=k_scale is not None, **launch,
     )
     if num_splits > 1:
         _reduce_kernel[(B, H)](

@@ -9,7 +9,7 @@ tile of it at a time, in registers.
 Everything else is bookkeeping. A sequence's new tokens are its last qlen positions; a cached
 prefix is just keys before the first query, read like any other key, and a decode is a query
 of length 1. Keys come from the paged pool through the block table, token by token, so a key
-tile may span several pages and any block size works.
+tile may span several pages and any block size works. An int8 pool's codes are scaled as loaded.
 """
 from __future__ import annotations
 
@@ -25,11 +25,11 @@ BLOCK_N = 16
 
 @triton.jit
 def _varlen_paged_attn_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr, QUANTIZED: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -67,9 +67,12 @@ def _varlen_paged_attn_kernel(
         kv_mask = n_ok[:, None] & d_ok[None, :]  # never unmasked: 0 * NaN from a stray slot is NaN
         k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
         v = tl.load(v_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
+        if QUANTIZED:  # codes times their row's scale (one per token and KV head: at slot / HEAD_DIM)
+            k = k * tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[:, None]
+            v = v * tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[:, None]
 
-        if DOT_16BIT:  # GPU, 16-bit inputs: tensor-core dots on the input dtype, fp32 accumulators
-            s = tl.dot(q.to(k_ptr.dtype.element_ty), tl.trans(k.to(k_ptr.dtype.element_ty))) * scale
+        if DOT_16BIT:  # GPU, 16-bit queries: tensor-core dots in their dtype, fp32 accumulators
+            s = tl.dot(q.to(q_ptr.dtype.element_ty), tl.trans(k.to(q_ptr.dtype.element_ty))) * scale
         else:  # fp32 inputs, or the interpreter (whose 16-bit arithmetic is wrong): exact fp32 dots
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
@@ -82,7 +85,7 @@ def _varlen_paged_attn_kernel(
         alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if DOT_16BIT:
-            pv = tl.dot(p.to(v_ptr.dtype.element_ty), v.to(v_ptr.dtype.element_ty))
+            pv = tl.dot(p.to(q_ptr.dtype.element_ty), v.to(q_ptr.dtype.element_ty))
         else:
             pv = tl.dot(p, v, input_precision="ieee")
         acc = acc * alpha[:, None] + pv
@@ -94,13 +97,14 @@ def _varlen_paged_attn_kernel(
 
 
 def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
-                           scale=None, out=None) -> torch.Tensor:
+                           scale=None, out=None, k_scale=None, v_scale=None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (sequence b's rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its
-    last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D].
-    Returns [T, H, D] in q's dtype, written into `out` if given."""
+    last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D]
+    (int8: with k/v_scale [num_blocks, block_size, Hkv]). Returns [T, H, D] in q's dtype."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert k_scale is None or (k_cache.dtype == torch.int8 and k_scale.is_contiguous() and v_scale.is_contiguous())
     assert block_tables.is_contiguous()
     if scale is None:
         scale = D ** -0.5
@@ -111,11 +115,12 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
         return out
     grid = (batch, H, triton.cdiv(max_query_len, BLOCK_M))
     _varlen_paged_attn_kernel[grid](
-        q, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale),
+        q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
+        out, cu_seqlens_q, seq_lens, block_tables, float(scale),
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, GROUP=H // hkv,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-        DOT_16BIT=q.is_cuda and k_cache.dtype in (torch.float16, torch.bfloat16),
+        DOT_16BIT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16), QUANTIZED=k_scale is not None,
     )
     return out

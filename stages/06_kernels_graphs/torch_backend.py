@@ -28,10 +28,8 @@ class TorchPagedBackend(KernelBackend):
 
     def write_kv(self, layer, k, v, meta: KernelMetadata):
         """The step's new K/V into the layer's pool at their slots; returns the pools."""
-        k_pool, v_pool = self.cache.k[layer], self.cache.v[layer]  # [num_blocks, bs, Hkv, D]
-        k_pool.view(-1, *k.shape[1:])[meta.slot_mapping] = k
-        v_pool.view(-1, *v.shape[1:])[meta.slot_mapping] = v
-        return k_pool, v_pool
+        self.cache.write(layer, meta.slot_mapping, k, v)
+        return self.cache.pools(layer)  # [num_blocks, bs, Hkv, D] each (quantized: dequantized where read)
 
     def forward(self, layer, q, k, v, meta: KernelMetadata):
         if not meta.is_decode and not meta.graphed:  # eager prefill chunks: stage 03's path

@@ -35,20 +35,28 @@ class LessonKernels:
     num_splits = triton_op("decode_attention", "choose_num_splits")  # (sequences, KV heads, max blocks, SMs)
     experts = None  # MoE layers: the model's own experts (eager), the registered captured ones
     rotary_write_kv = None  # RoPE and the KV write in one launch; None: rotary.py's, then kv_write.py's
+    scaled_kv = True  # its attention reads int8 codes with their scales (a room writes them)
 
     @staticmethod
-    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out) -> torch.Tensor:
+    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out, *scales) -> torch.Tensor:
         from .decode_attention import paged_decode_attention
         from .prefill_attention import varlen_paged_attention
 
+        kw = dict(zip(("k_scale", "v_scale"), scales))  # an int8 pool's scales, or nothing
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
-                                          num_splits=meta.num_splits, out=out)
+                                          num_splits=meta.num_splits, out=out, **kw)
         return varlen_paged_attention(q, k_pool, v_pool, meta.cu_seqlens_q, meta.seq_lens,
-                                      meta.block_tables, meta.max_query_len, out=out)
+                                      meta.block_tables, meta.max_query_len, out=out, **kw)
 
 
 KERNEL_SETS: dict[str, type] = {"lesson": LessonKernels}
+STORED_KV_WRITES: dict = {}  # pool dtype -> a room's KV write into such a pool (int8_kv/)
+
+
+def register_stored_kv_write(dtype: torch.dtype, write) -> None:
+    """A room's `write(k, v, codes_k, codes_v, slots, scales_k, scales_v)` for pools of `dtype`."""
+    STORED_KV_WRITES[dtype] = write
 
 
 def register_kernel_set(kernels: type) -> None:
@@ -61,11 +69,12 @@ class TritonPagedBackend(KernelBackend):
     fused_ops = TritonOps
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "lesson"):
-        super().__init__(cache)
         if kernels not in KERNEL_SETS:
             raise ValueError(f"unknown triton kernels {kernels!r}; choose one of {sorted(KERNEL_SETS)} "
                              "(the gpu set needs its room registered: course.s06_kernels_graphs.gpu.register())")
         self.kernels = KERNEL_SETS[kernels]
+        self.stored_kv = tuple(STORED_KV_WRITES) if getattr(self.kernels, "scaled_kv", False) else ()
+        super().__init__(cache)
         self.rotary_in_kv_write = self.kernels.rotary_write_kv is not None  # the fused model asks (follow)
         self.num_splits = num_splits  # None: chosen per step from the shape
         self.num_sms = (torch.cuda.get_device_properties(cache.k.device).multi_processor_count
@@ -89,8 +98,13 @@ class TritonPagedBackend(KernelBackend):
     def forward(self, layer, q, k, v, meta: KernelMetadata):
         from .kv_write import write_kv
 
-        write_kv(k, v, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
+        write = STORED_KV_WRITES[self.cache.kv_dtype] if self.cache.quantized else write_kv
+        write(k, v, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping, *self.scales(layer))
         return self.attend(layer, q, k, v, meta)
+
+    def scales(self, layer) -> tuple:
+        """An int8 pool's K and V scales of the layer; none for a float pool."""
+        return (self.cache.k_scale[layer], self.cache.v_scale[layer]) if self.cache.quantized else ()
 
     def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
         """`forward` for q and k not yet rotated (cos, sin [T, D/2]): the set's RoPE in the KV write."""
@@ -100,4 +114,4 @@ class TritonPagedBackend(KernelBackend):
     def attend(self, layer, q, k, v, meta: KernelMetadata):
         """The kernel set's attention launches, this step's K/V already in the pool."""
         out = torch.zeros_like(q) if meta.graphed else torch.empty_like(q)  # bucket padding rows: zeros
-        return self.kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], meta, out)
+        return self.kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], meta, out, *self.scales(layer))

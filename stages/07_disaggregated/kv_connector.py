@@ -53,6 +53,9 @@ class KVLayout:
 
     @classmethod
     def of(cls, cache: PagedKVCache) -> "KVLayout":
+        if cache.quantized:  # its blocks are codes and scales: this connector ships values only
+            raise ValueError(f"disaggregated serving ships K/V values, not {cache.kv_dtype} codes and their scales: "
+                             "use --kv-cache-dtype auto, float32 or bfloat16 here")
         layers, _, block_size, kv_heads, head_dim = cache.k.shape
         return cls(layers, block_size, kv_heads, head_dim, str(cache.k.dtype).removeprefix("torch."))
 

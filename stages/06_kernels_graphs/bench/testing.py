@@ -125,11 +125,16 @@ def one_layer_step(case: PagedCase, make_backend, host: bool = True, graphed: bo
     `graphed`: the metadata of a captured step (no host lengths)."""
     from types import SimpleNamespace
 
+    from course.s03_paged.paged_attention import PagedKVCache
+
     from ..step_inputs import step_inputs
 
     k_pool = torch.nan_to_num(case.k_cache, nan=7.0)
     v_pool = torch.nan_to_num(case.v_cache, nan=-7.0)
-    cache = SimpleNamespace(k=k_pool[None].clone(), v=v_pool[None].clone(), block_size=case.k_cache.shape[1])
+    num_blocks, block_size, kv_heads, head_dim = k_pool.shape
+    shape = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=kv_heads, head_dim=head_dim)
+    cache = PagedKVCache(shape, num_blocks, block_size, dtype=k_pool.dtype, device=k_pool.device)
+    cache.k[0], cache.v[0] = k_pool, v_pool
     tables = case.block_tables.long()
     seqs = [(total - new, new, table) for total, new, table in zip(case.seq_lens.tolist(), case.query_lens,
                                                                    tables.tolist())]
@@ -151,3 +156,14 @@ def record_captures(graphs) -> list:
     graphs.capture_backend = type("Recorder", (), {"capture": lambda self, step: order.append(step) or
                                                    backend.capture(step)})()
     return order
+
+
+def stored_case(case: PagedCase, dtype: torch.dtype):
+    """The case's pools stored as stage 03 stores a bfloat16, int8 or fp8 KV cache: (k pool, v pool,
+    the float case they dequantize to, the oracle's input). The NaN slots stay poisoned: NaN
+    scales (int8, fp8) or NaN values (bfloat16)."""
+    from course.s03_paged.quantized_kv import QuantizedPool, dequantize, quantize
+
+    pools = [QuantizedPool(*quantize(pool, dtype), torch.float32) for pool in (case.k_cache, case.v_cache)]
+    k, v = (dequantize(p.codes, p.scales) for p in pools)
+    return pools[0], pools[1], replace(case, k_cache=k, v_cache=v)

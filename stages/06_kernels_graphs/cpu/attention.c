@@ -19,12 +19,21 @@
  * Compiled with -ffast-math, so the exponentials vectorize (glibc's libmvec): the kernel never
  * meets an infinity (the running max starts at -FLT_MAX, masked keys are never visited).
  *
+ * A pool may store bfloat16 values, or 8-bit codes with a float16 scale per (token, KV head):
+ * int8, or float8 e4m3 (quantized_kv.py). Then each block's rows of the head are read as codes
+ * and turned into floats on the stack (dequantize_rows), where the float code above reads them
+ * for all G query heads: memory sees a quarter of float32's bytes, and the block never leaves L1.
+ *
  * Returns 0, or the number of rows whose table held a block id outside the pool or was too
  * short for its length (those rows are left unwritten rather than read out of bounds).
  */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define MAX_GROUP 16
 #define MAX_DIM 256
@@ -126,10 +135,162 @@ static void block_values(const float *p, const float *vb, int64_t token_stride, 
 }
 #endif
 
+/* What a pool stores (quantized_kv.py's dtypes), and each one's bytes per value. */
+enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2, KV_FP8 = 3 };
+static const int64_t KV_BYTES[4] = {4, 2, 1, 1};
+
+/* An e4m3 code's value / 256: its sign, exponent and mantissa moved into float16's fields (whose
+ * exponent bias, 15, is 8 above e4m3's 7): exact for every code, subnormals included. */
+static inline float fp8_value_over_256(uint8_t code)
+{
+    const uint16_t bits = (uint16_t)(((code & 0x80) << 8) | ((code & 0x7F) << 7));
+    _Float16 h;
+    memcpy(&h, &bits, 2);
+    return (float)h;
+}
+
+/* `keys` rows of one KV head of a bfloat16, int8 or fp8 pool as floats: row t's dim values from
+ * element first + t * token_stride (its scale: element / dim of the scales) to dst[t * dim].
+ * Kept as simple loops the compiler vectorizes on any x86 (AVX2 or AVX-512). */
+static void dequantize_rows(const void *pool, const _Float16 *scales, int kind, int64_t first, int64_t token_stride,
+                            int64_t keys, int64_t dim, float *dst)
+{
+#ifdef VECTOR_ATTENTION
+    if (dim % 16 == 0) {  /* 16 values a step: widen, convert, scale */
+        for (int64_t t = 0; t < keys; t++) {
+            const int64_t at = first + t * token_stride;
+            float *row = dst + t * dim;
+            if (kind == KV_BF16) {
+                const uint16_t *src = (const uint16_t *)pool + at;
+                for (int64_t d = 0; d < dim; d += 16)
+                    _mm512_storeu_ps(row + d, _mm512_castsi512_ps(_mm512_slli_epi32(
+                        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + d))), 16)));
+            } else if (kind == KV_INT8) {
+                const int8_t *src = (const int8_t *)pool + at;
+                const __m512 scale = _mm512_set1_ps((float)scales[at / dim]);
+                for (int64_t d = 0; d < dim; d += 16)
+                    _mm512_storeu_ps(row + d, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + d))))));
+            } else {  /* fp8_value_over_256, 16 codes at once: their bits moved into float16's fields */
+                const uint8_t *src = (const uint8_t *)pool + at;
+                const __m512 scale = _mm512_set1_ps(256.f * (float)scales[at / dim]);
+                for (int64_t d = 0; d < dim; d += 16) {
+                    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src + d)));
+                    const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
+                                                      _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7));
+                    _mm512_storeu_ps(row + d, _mm512_mul_ps(scale, _mm512_cvtph_ps(h)));
+                }
+            }
+        }
+        return;
+    }
+#elif defined(__AVX2__) && defined(__F16C__)
+    if (dim % 8 == 0) {  /* the same, 8 values a step: AVX2 hosts */
+        for (int64_t t = 0; t < keys; t++) {
+            const int64_t at = first + t * token_stride;
+            float *row = dst + t * dim;
+            if (kind == KV_BF16) {
+                const uint16_t *src = (const uint16_t *)pool + at;
+                for (int64_t d = 0; d < dim; d += 8)
+                    _mm256_storeu_ps(row + d, _mm256_castsi256_ps(_mm256_slli_epi32(
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d))), 16)));
+            } else if (kind == KV_INT8) {
+                const int8_t *src = (const int8_t *)pool + at;
+                const __m256 scale = _mm256_set1_ps((float)scales[at / dim]);
+                for (int64_t d = 0; d < dim; d += 8)
+                    _mm256_storeu_ps(row + d, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(
+                        _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + d))))));
+            } else {
+                const uint8_t *src = (const uint8_t *)pool + at;
+                const __m256 scale = _mm256_set1_ps(256.f * (float)scales[at / dim]);
+                for (int64_t d = 0; d < dim; d += 8) {
+                    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(src + d)));
+                    const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
+                                                   _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7));
+                    _mm256_storeu_ps(row + d, _mm256_mul_ps(scale, _mm256_cvtph_ps(h)));
+                }
+            }
+        }
+        return;
+    }
+#endif
+    for (int64_t t = 0; t < keys; t++) {
+        const int64_t at = first + t * token_stride;
+        float *row = dst + t * dim;
+        if (kind == KV_BF16) {
+            const uint16_t *src = (const uint16_t *)pool + at;
+            #pragma omp simd
+            for (int64_t d = 0; d < dim; d++) {
+                const uint32_t bits = (uint32_t)src[d] << 16;
+                memcpy(row + d, &bits, 4);
+            }
+        } else if (kind == KV_INT8) {
+            const int8_t *src = (const int8_t *)pool + at;
+            const float scale = (float)scales[at / dim];
+            #pragma omp simd
+            for (int64_t d = 0; d < dim; d++) row[d] = scale * (float)src[d];
+        } else {
+            const uint8_t *src = (const uint8_t *)pool + at;
+            const float scale = 256.f * (float)scales[at / dim];
+            #pragma omp simd
+            for (int64_t d = 0; d < dim; d++) row[d] = scale * fp8_value_over_256(src[d]);
+        }
+    }
+}
+
+/* A float e4m3 code for |x| <= 448, rounded to nearest even (as torch's conversion rounds). */
+static inline uint8_t fp8_code(float x)
+{
+    uint32_t bits;
+    memcpy(&bits, &x, 4);
+    const uint8_t sign = (uint8_t)((bits >> 24) & 0x80);
+    const float a = fabsf(x);
+    if (a < 0.015625f)  /* below e4m3's smallest normal, 2^-6: subnormal steps of 2^-9 */
+        return sign | (uint8_t)nearbyintf(a * 512.f);  /* 8 steps = 0x08, the smallest normal's code */
+    uint32_t m = bits & 0x7FFFFFFF;
+    m += 0x7FFFF + ((m >> 20) & 1);  /* round the mantissa to 3 bits, ties to even */
+    int64_t e = (int64_t)(m >> 23) - 127 + 7, mant = (m >> 20) & 7;
+    if (e > 15 || (e == 15 && mant == 7)) { e = 15; mant = 6; }  /* 448, the largest finite code */
+    return sign | (uint8_t)(e << 3) | (uint8_t)mant;
+}
+
+/* Row x's kv_heads heads (dim floats each) into slot `slot` of a pool of `kind`: copied, rounded to
+ * bfloat16, or quantized with a float16 scale per head (quantized_kv.quantize's math). */
+static void store_kv_row(void *pool, _Float16 *scales, int kind, int64_t slot, const float *x, int64_t kv_heads,
+                         int64_t dim)
+{
+    const int64_t width = kv_heads * dim, at = slot * width;
+    if (kind == KV_F32) { memcpy((float *)pool + at, x, (size_t)width * sizeof(float)); return; }
+    if (kind == KV_BF16) {
+        uint16_t *dst = (uint16_t *)pool + at;
+        for (int64_t i = 0; i < width; i++) {
+            uint32_t bits;
+            memcpy(&bits, x + i, 4);
+            dst[i] = (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);  /* ties to even */
+        }
+        return;
+    }
+    const float qmax = kind == KV_INT8 ? 127.f : 448.f;
+    for (int64_t h = 0; h < kv_heads; h++) {
+        const float *xh = x + h * dim;
+        float amax = 0.f;
+        for (int64_t d = 0; d < dim; d++) amax = fmaxf(amax, fabsf(xh[d]));
+        const _Float16 stored = (_Float16)(amax / qmax);
+        scales[slot * kv_heads + h] = stored;
+        const float scale = (float)stored > 0.f ? (float)stored : FLT_MIN;  /* divide by the scale as stored */
+        for (int64_t d = 0; d < dim; d++) {
+            const float c = fminf(fmaxf(xh[d] / scale, -qmax), qmax);
+            if (kind == KV_INT8) ((int8_t *)pool)[at + h * dim + d] = (int8_t)nearbyintf(c);
+            else ((uint8_t *)pool)[at + h * dim + d] = fp8_code(c);
+        }
+    }
+}
+
 int64_t paged_attention_rows_f32(
     const float *q, int64_t q_row_stride,       /* [T, heads, dim]; heads x dim contiguous */
     float *out,                                  /* [T, heads, dim], contiguous */
-    const float *k_pool, const float *v_pool,    /* [num_blocks, block_size, kv_heads, dim] */
+    const void *k_pool, const void *v_pool,      /* [num_blocks, block_size, kv_heads, dim] of `kind` */
+    int kind, const _Float16 *k_scale, const _Float16 *v_scale,  /* [num_blocks, block_size, kv_heads]: int8, fp8 */
     int64_t num_blocks,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n,  /* per work row */
     const int64_t *tree_first, const uint64_t *tree_bits,                     /* per work row, or NULL */
@@ -153,30 +314,38 @@ int64_t paged_attention_rows_f32(
 
             const float *qh = q + rows[i] * q_row_stride + kv * group * dim;
             float maxs[MAX_GROUP], sums[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[MAX_GROUP * MAX_BLOCK];
+            float kbuf[kind == KV_F32 ? 1 : block_size * dim], vbuf[kind == KV_F32 ? 1 : block_size * dim];
+            const int64_t bytes = KV_BYTES[kind], stride = kind == KV_F32 ? token_stride : dim;
             for (int64_t g = 0; g < group; g++) { maxs[g] = -FLT_MAX; sums[g] = 0.f; }
             for (int64_t x = 0; x < group * dim; x++) acc[x] = 0.f;
 
             for (int64_t start = 0; start < len; start += block_size) {
                 const int64_t keys = len - start < block_size ? len - start : block_size;
                 const int64_t offset = table[start / block_size] * block_size * token_stride + kv * dim;
-                const float *kb = k_pool + offset, *vb = v_pool + offset;
+                const float *kb = (const float *)k_pool + offset, *vb = (const float *)v_pool + offset;
+                if (kind != KV_F32) {  /* the block's codes of this head, as floats */
+                    dequantize_rows(k_pool, k_scale, kind, offset, token_stride, keys, dim, kbuf);
+                    dequantize_rows(v_pool, v_scale, kind, offset, token_stride, keys, dim, vbuf);
+                    kb = kbuf;
+                    vb = vbuf;
+                }
                 if (start + block_size < len) {  /* the next block's rows of this head, on their way */
                     const int64_t next = table[start / block_size + 1] * block_size * token_stride + kv * dim;
                     for (int64_t t = 0; t < block_size; t++)
-                        for (int64_t d = 0; d < dim; d += 16) {
-                            __builtin_prefetch(k_pool + next + t * token_stride + d);
-                            __builtin_prefetch(v_pool + next + t * token_stride + d);
+                        for (int64_t d = 0; d < dim * bytes; d += 64) {
+                            __builtin_prefetch((const char *)k_pool + (next + t * token_stride) * bytes + d);
+                            __builtin_prefetch((const char *)v_pool + (next + t * token_stride) * bytes + d);
                         }
                 }
                 for (int64_t g = 0; g < group; g++) {       /* scores, then the online softmax */
                     const float *qg = qh + g * dim;
                     float *pg = p + g * MAX_BLOCK, block_max = -FLT_MAX;
 #ifdef VECTOR_ATTENTION
-                    if (dim % 16 == 0) block_scores(qg, kb, token_stride, keys, dim, scale, pg);
+                    if (dim % 16 == 0) block_scores(qg, kb, stride, keys, dim, scale, pg);
                     else
 #endif
                     for (int64_t t = 0; t < keys; t++) {
-                        const float *kt = kb + t * token_stride;
+                        const float *kt = kb + t * stride;
                         float s = 0.f;
                         #pragma omp simd reduction(+:s)
                         for (int64_t d = 0; d < dim; d++) s += qg[d] * kt[d];
@@ -199,11 +368,11 @@ int64_t paged_attention_rows_f32(
 #ifdef VECTOR_ATTENTION
                 if (dim % 16 == 0 && dim <= 128) {  /* per head, its accumulator in registers over the block */
                     for (int64_t g = 0; g < group; g++)
-                        block_values(p + g * MAX_BLOCK, vb, token_stride, keys, dim, acc + g * dim);
+                        block_values(p + g * MAX_BLOCK, vb, stride, keys, dim, acc + g * dim);
                 } else
 #endif
                 for (int64_t t = 0; t < keys; t++) {         /* each value read once for the G heads */
-                    const float *vt = vb + t * token_stride;
+                    const float *vt = vb + t * stride;
                     for (int64_t g = 0; g < group; g++) {
                         const float w = p[g * MAX_BLOCK + t];
                         float *a = acc + g * dim;

@@ -7,7 +7,9 @@ first gathers each sequence's blocks into a padded copy, then attends to the cop
 100-300 tokens, 30 layers a step; reading the blocks where they lie costs 0.48 ms
 (bench_cpu_kernels.py). vLLM for CPU ships C++ attention kernels for the same reason. The kernel is the Triton decode kernel's
 algorithm (online softmax over the block table), one loop nest per (row, KV head), with
-AVX-512 code for a block's scores and value sums where the head size allows.
+AVX-512 code for a block's scores and value sums where the head size allows. A pool stored in
+bfloat16, int8 or fp8 (stage 03's quantized_kv.py) is read as it lies, codes and scales, and
+turned into floats a block at a time on the kernel's stack.
 
 Compiled once per machine (native.py); without a C compiler, `kernel_unavailable()` says why
 and the engine keeps the PyTorch backend.
@@ -32,8 +34,8 @@ LIMITS = {"query heads per KV head": 16, "head_dim": 256, "block_size": 128}  # 
 def _library():
     fn = native.load(SOURCE, FLAGS).paged_attention_rows_f32
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64,
-                   ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64,
+                   i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = i64
     return fn
 
@@ -43,11 +45,22 @@ def kernel_unavailable() -> str | None:
     return native.unavailable(_library)
 
 
-def check_shapes(k_pool: torch.Tensor, query_heads: int | None = None) -> None:
+# what a pool stores -> attention.c's KV_F32, KV_BF16, KV_INT8, KV_FP8
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2, torch.float8_e4m3fn: 3}
+
+
+def pool_parts(pool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A layer's pool as (values or codes, scales or None): a tensor, or stage 03's QuantizedPool."""
+    return (pool, None) if isinstance(pool, torch.Tensor) else (pool.codes, pool.scales)
+
+
+def check_shapes(k_pool, query_heads: int | None = None) -> None:
     """Raise ValueError for what the kernel does not take."""
-    _, block_size, kv_heads, head_dim = k_pool.shape
-    if k_pool.dtype != torch.float32 or k_pool.device.type != "cpu":
-        raise ValueError(f"the CPU kernel reads a float32 pool on the CPU, not {k_pool.dtype} on {k_pool.device}")
+    codes, _ = pool_parts(k_pool)
+    _, block_size, kv_heads, head_dim = codes.shape
+    if codes.dtype not in KV_KINDS or codes.device.type != "cpu":
+        raise ValueError(f"the CPU kernel reads pools of {', '.join(str(t).removeprefix('torch.') for t in KV_KINDS)} "
+                         f"on the CPU, not {codes.dtype} on {codes.device}")
     sizes = {"query heads per KV head": (query_heads or kv_heads) // kv_heads, "head_dim": head_dim,
              "block_size": block_size}
     for what, limit in LIMITS.items():
@@ -62,6 +75,7 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=
     rows/seqs/lens int64 [n]. Rows of `out` not named in `rows` are left as they are.
     A speculative tree's rows: of the keys from tree_first[i] on, only those whose bit is set in
     tree_bits[i] (int64 [n], bit j: key tree_first[i] + j); tree_first[i] = lens[i] elsewhere."""
+    (k_pool, k_scale), (v_pool, v_scale) = pool_parts(k_pool), pool_parts(v_pool)
     for t in (rows, seqs, lens, block_tables) + ((tree_first, tree_bits) if tree_first is not None else ()):
         if t.dtype != torch.int64:
             raise ValueError(f"rows, seqs, lens, tree rows and block tables are int64, got {t.dtype}")
@@ -76,8 +90,13 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=
         q = q.contiguous()
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     tables = block_tables.contiguous()
+    if k_pool.dtype not in KV_KINDS or v_pool.dtype != k_pool.dtype or (k_scale is None) != (k_pool.element_size() > 1):
+        raise ValueError(f"pools of {k_pool.dtype} and {v_pool.dtype}, with{'out' if k_scale is None else ''} "
+                         "scales: the kernel reads float32 or bfloat16 values, or int8 or fp8 codes with their scales")
+    address = lambda t: t.data_ptr() if t is not None else None  # noqa: E731
     bad = _library()(q.data_ptr(), q.stride(0), out.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(),
-                     k_pool.shape[0], rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(),
+                     KV_KINDS[k_pool.dtype], address(k_scale), address(v_scale), k_pool.shape[0],
+                     rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(),
                      *((tree[0].data_ptr(), tree[1].data_ptr()) if tree else (None, None)),
                      tables.data_ptr(), tables.shape[1], q.shape[1], k_pool.shape[2], q.shape[2],
                      k_pool.shape[1], q.shape[2] ** -0.5, torch.get_num_threads())

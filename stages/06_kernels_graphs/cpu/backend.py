@@ -59,7 +59,7 @@ class CpuPagedBackend(PlannedBackend):
         reason = kernel_unavailable()
         if reason:
             raise ValueError(f"the cpu attention backend needs its C kernel: {reason}; use the torch backend")
-        check_shapes(cache.k[0])
+        check_shapes(cache.pools(0)[0])
 
     @classmethod
     def from_config(cls, cache: PagedKVCache, config) -> "CpuPagedBackend":
@@ -78,7 +78,7 @@ class CpuPagedBackend(PlannedBackend):
         through layer.c's products (the dense layers' own: blocked up to 64 rows, MKL past)."""
         from .layer import layer_kernel_unavailable, product
 
-        if self.step_graphed or self.cache.k.dtype != torch.float32 or layer_kernel_unavailable() is not None:
+        if self.step_graphed or self.cache.dtype != torch.float32 or layer_kernel_unavailable() is not None:
             return super().experts_kernel
         return lambda experts, x, weights, ids: grouped_experts(experts, x, weights, ids, linear=product)
 

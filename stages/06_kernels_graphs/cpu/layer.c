@@ -238,7 +238,8 @@ int64_t decoder_layer_f32(
     const float *x, const float *residual, float *residual_out, float *x_out,
     const float *input_norm, const void *qkv_w, const void *o_w, const float *post_norm,
     const float *q_norm, const float *k_norm, const void *gate_up_w, const void *down_w, const float *const scales[4], const float *cos, const float *sin,
-    float *k_pool, float *v_pool, int64_t num_blocks, int64_t block_size, const int64_t *slots,
+    void *k_pool, void *v_pool, int kv_kind, _Float16 *k_scale, _Float16 *v_scale,  /* as attention.c's */
+    int64_t num_blocks, int64_t block_size, const int64_t *slots,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n_rows,
     const int64_t *tree_first, const uint64_t *tree_bits,
     const int64_t *block_tables, int64_t table_width, float *scratch, int num_threads)
@@ -264,11 +265,11 @@ int64_t decoder_layer_f32(
     for (int64_t t = 0; t < m; t++) {  /* the KV write: row t's k and v into slot slots[t] */
         if (slots[t] < 0 || slots[t] >= num_blocks * block_size) { bad++; continue; }
         const float *k = qkv + t * qkv_width + heads * dim;
-        memcpy(k_pool + slots[t] * kv_width, k, (size_t)kv_width * sizeof(float));
-        memcpy(v_pool + slots[t] * kv_width, k + kv_width, (size_t)kv_width * sizeof(float));
+        store_kv_row(k_pool, k_scale, kv_kind, slots[t], k, kv_heads, dim);
+        store_kv_row(v_pool, v_scale, kv_kind, slots[t], k + kv_width, kv_heads, dim);
     }
     if (bad) return bad;
-    bad = paged_attention_rows_f32(qkv, qkv_width, attn, k_pool, v_pool, num_blocks, rows, seqs, lens, n_rows,
+    bad = paged_attention_rows_f32(qkv, qkv_width, attn, k_pool, v_pool, kv_kind, k_scale, v_scale, num_blocks, rows, seqs, lens, n_rows,
                                    tree_first, tree_bits, block_tables, table_width, heads, kv_heads, dim, block_size,
                                    1.f / sqrtf((float)dim), num_threads);
     if (bad) return bad;

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from . import native
+from .attention import KV_KINDS
 from .int8_linear import Int8Linear
 from .split_linear import SplitLinear
 
@@ -50,7 +51,7 @@ def _library():
     lib.product_f32.restype = None
     lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.product_i8_f32.restype = None
-    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 15 + [ptr, ptr, i64, i64, ptr] + \
+    lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 15 + [ptr, ptr, i32, ptr, ptr, i64, i64, ptr] + \
         [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     lib.set_sgemm.argtypes = [ptr, i64]
@@ -158,9 +159,11 @@ class LayerCalls:
         m, c = x.shape[0], kernels.config
         self.m, self.hidden, self.inter, self.weights = m, c.hidden_size, c.intermediate_size, kernels.weights
         pools = kernels.backend.cache  # each layer's K/V pool by address: base + layer * stride (a select per layer costs ~4 us)
-        self.k_base, self.v_base, self.block_size = pools.k.data_ptr(), pools.v.data_ptr(), pools.block_size
-        self.layer_bytes, self.num_blocks = pools.k.stride(0) * pools.k.element_size(), pools.k.shape[1]
-        assert pools.k.is_contiguous() and pools.v.is_contiguous()
+        self.block_size, self.num_blocks, self.kv_kind = pools.block_size, pools.k.shape[1], KV_KINDS[pools.k.dtype]
+        parts = (pools.k, pools.v) + ((pools.k_scale, pools.v_scale) if pools.quantized else ())
+        assert all(t.is_contiguous() for t in parts)
+        # (base address, bytes per layer) of the K and V pools and, quantized, their scales
+        self.bases = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in parts] + [(None, 0)] * (4 - len(parts))
         rows = kernels.backend.rows(meta)
         self.attend = tuple(t.to(torch.int64).contiguous() for t in (rows.rows, rows.seqs, rows.lens))
         self.tree = (rows.tree_first.data_ptr(), rows.tree_bits.data_ptr()) if rows.tree_first is not None else (None, None)
@@ -179,7 +182,7 @@ class LayerCalls:
     def run(self, layer, x, residual):
         rows, seqs, lens = self.attend
         weights = self.weights[layer.layer_idx]
-        pool_offset = layer.layer_idx * self.layer_bytes
+        k_pool, v_pool, k_scale, v_scale = (base and base + layer.layer_idx * size for base, size in self.bases)
         x, (qkv, o, gate_up, down) = x.contiguous(), weights.weights
         bad = _library().decoder_layer_f32(
             self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
@@ -188,7 +191,7 @@ class LayerCalls:
             layer.post_norm.data_ptr(), _address(layer.q_norm), _address(layer.k_norm), gate_up.data_ptr(),
             down.data_ptr(),
             ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
-            self.k_base + pool_offset, self.v_base + pool_offset, self.num_blocks, self.block_size,
+            k_pool, v_pool, self.kv_kind, k_scale, v_scale, self.num_blocks, self.block_size,
             self.slots.data_ptr(),
             rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), *self.tree, self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)

@@ -138,6 +138,17 @@ def _pool_strides(s: ModelShape) -> dict:
             "stride_kh": s.head_dim}
 
 
+INT8_KV = ", int8 KV"  # the case of an int8 pool (stage 03's quantized_kv.py): codes and float16 scales
+
+
+def _pools(int8: bool) -> dict:
+    """The pool pointers as the wrappers pass them: bf16 values (the scales' slots get the pools,
+    unread), or int8 codes with float16 scales."""
+    if int8:
+        return {"k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*fp16", "vs_ptr": "*fp16"}
+    return {"k_ptr": "*bf16", "v_ptr": "*bf16", "ks_ptr": "*bf16", "vs_ptr": "*bf16"}
+
+
 def _qkv_row(s: ModelShape) -> int:
     """q, k and v are strided views of the fused qkv projection's rows (fused_model.py)."""
     return (s.heads + 2 * s.kv_heads) * s.head_dim
@@ -146,16 +157,17 @@ def _qkv_row(s: ModelShape) -> int:
 def decode_cases(s: ModelShape) -> list[dict]:
     from ..decode_attention import BLOCK_N, _decode_kernel, choose_num_splits
     cases = []
-    for splits in (1, choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS)):
-        args = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
+    for splits, int8 in ((1, False), (choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS), False), (1, True)):
+        args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16",
                 "part_o_ptr": "*fp32" if splits > 1 else "*bf16", "part_lse_ptr": "*fp32" if splits > 1 else "*bf16",
                 "bt_ptr": "*i64", "seq_lens_ptr": "*i64", "scale": s.head_dim ** -0.5,
                 "stride_qb": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
                 "stride_ob": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
                 "stride_btb": TABLE_WIDTH, "stride_btw": 1, "cols_per_split": -(-TABLE_WIDTH // splits),
                 "HEAD_DIM": s.head_dim, "BLOCK_D": _pow2(s.head_dim), "GROUP": s.heads // s.kv_heads,
-                "BLOCK_G": _pow2(s.heads // s.kv_heads), "PAGE": PAGE, "NUM_SPLITS": splits, "BLOCK_N": BLOCK_N}
-        cases.append(launch_case(f"{s.name}, splits {splits}", _decode_kernel, args))
+                "BLOCK_G": _pow2(s.heads // s.kv_heads), "PAGE": PAGE, "NUM_SPLITS": splits, "BLOCK_N": BLOCK_N,
+                "QUANTIZED": int8}
+        cases.append(launch_case(f"{s.name}, splits {splits}{INT8_KV if int8 else ''}", _decode_kernel, args))
     return cases
 
 
@@ -170,13 +182,17 @@ def reduce_cases(s: ModelShape) -> list[dict]:
 
 def prefill_cases(s: ModelShape) -> list[dict]:
     from ..prefill_attention import BLOCK_M, BLOCK_N, _varlen_paged_attn_kernel
-    args = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "cu_ptr": "*i64",
-            "seq_lens_ptr": "*i64", "bt_ptr": "*i64", "scale": s.head_dim ** -0.5,
-            "stride_qt": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
-            "stride_ot": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
-            "stride_bt": TABLE_WIDTH, "HEAD_DIM": s.head_dim, "BLOCK_D": max(16, _pow2(s.head_dim)), "PAGE": PAGE,
-            "GROUP": s.heads // s.kv_heads, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "DOT_16BIT": True}
-    return [launch_case(s.name, _varlen_paged_attn_kernel, args)]
+    cases = []
+    for int8 in (False, True):
+        args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16", "cu_ptr": "*i64",
+                "seq_lens_ptr": "*i64", "bt_ptr": "*i64", "scale": s.head_dim ** -0.5,
+                "stride_qt": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
+                "stride_ot": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
+                "stride_bt": TABLE_WIDTH, "HEAD_DIM": s.head_dim, "BLOCK_D": max(16, _pow2(s.head_dim)), "PAGE": PAGE,
+                "GROUP": s.heads // s.kv_heads, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "DOT_16BIT": True,
+                "QUANTIZED": int8}
+        cases.append(launch_case(s.name + (INT8_KV if int8 else ""), _varlen_paged_attn_kernel, args))
+    return cases
 
 
 def kv_write_cases(s: ModelShape) -> list[dict]:
@@ -186,7 +202,10 @@ def kv_write_cases(s: ModelShape) -> list[dict]:
             "stride_kt": row, "stride_kh": s.head_dim, "stride_kd": 1, "stride_vt": row, "stride_vh": s.head_dim,
             "stride_vd": 1, "stride_st": 1, "HEADS": s.kv_heads, "HEAD_DIM": s.head_dim,
             "BLOCK_H": _pow2(s.kv_heads), "BLOCK_D": _pow2(s.head_dim)}
-    return [launch_case(s.name, _write_kv_kernel, args)]
+    cases = [launch_case(s.name, _write_kv_kernel, args)]
+    from ..int8_kv.kv_write import _write_int8_kv_kernel  # the int8_kv room's: quantizing as it writes
+    args = {**args, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8", "ks_ptr": "*fp16", "vs_ptr": "*fp16"}
+    return cases + [{**launch_case(s.name + INT8_KV, _write_int8_kv_kernel, args), "source": "int8_kv"}]
 
 
 def norm_cases(s: ModelShape) -> list[dict]:
@@ -221,7 +240,7 @@ def silu_mul_cases(s: ModelShape) -> list[dict]:
 
 def lesson_cases() -> list[dict]:
     builders = (decode_cases, reduce_cases, prefill_cases, kv_write_cases, norm_cases, rotary_cases, silu_mul_cases)
-    return [{**case, "source": "lesson"} for build in builders for s in SHAPES for case in build(s)]
+    return [{"source": "lesson", **case} for build in builders for s in SHAPES for case in build(s)]
 
 
 def room_cases(capability: tuple[int, int]) -> tuple[list[dict], dict[str, str]]:

@@ -21,6 +21,7 @@ class GpuKernels:
     experts = staticmethod(fused_moe)
     rotary_write_kv = staticmethod(apply_rotary_and_write_kv)
     num_splits = staticmethod(choose_max_splits)  # an upper bound: each request takes what its length needs
+    scaled_kv = False  # pools of the model's dtype only (int8 KV: the lesson's set)
 
     @staticmethod
     def attend(q, k, v, k_pool, v_pool, meta, out) -> torch.Tensor:

@@ -131,3 +131,20 @@ def test_choose_num_splits():
     assert choose_num_splits(1, 1, 1000) == 16  # capped at 16
     assert choose_num_splits(1, 8, 3) == 3  # no more splits than blocks
     assert choose_num_splits(2, 4, 100, num_sms=16) == 8
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, block_size", [(4, 2, 16, 4), (6, 2, 12, 1), (9, 3, 64, 16)])
+def test_a_stored_int8_pool_reads_as_the_oracle_reads_it_dequantized(num_heads, num_kv_heads, head_dim, block_size,
+                                                              num_splits):
+    """Codes and their scales loaded in the tile, scaled in registers: the oracle's output over
+    the same pool dequantized (NaN scales poison every slot no sequence owns)."""
+    from course.s06_kernels_graphs.bench.testing import stored_case
+
+    case = _case([1, 5, 17, 33], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                 block_size=block_size, seed=head_dim)
+    k_pool, v_pool, dequantized = stored_case(case, torch.int8)
+    got = paged_decode_attention(case.q, k_pool.codes, v_pool.codes, case.block_tables, case.seq_lens,
+                                 num_splits=num_splits, out=nan_like(case.q), k_scale=k_pool.scales,
+                                 v_scale=v_pool.scales)
+    torch.testing.assert_close(got, reference_attention(dequantized), atol=1e-5, rtol=1e-5)

@@ -10,7 +10,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS, tiny_model
 from course.s04_continuous_batching.engine import EngineConfig
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
-from course.s06_kernels_graphs import cpu, gpu, mixed_graphs
+from course.s06_kernels_graphs import cpu, gpu, int8_kv, mixed_graphs
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.fused_model import FusedCausalLM
 from course.s06_kernels_graphs.gpu.kernel_set import GpuKernels
@@ -20,6 +20,7 @@ from course.s06_kernels_graphs.triton_backend import TritonPagedBackend
 cpu.register()  # the cpu backend and the linear options
 gpu.register()  # the "gpu" kernel set
 mixed_graphs.register()  # with graphs, steps with prefill chunks replay token buckets too
+int8_kv.register()  # the Triton backend's write into an int8 pool
 
 SHARED = b"You are a helpful assistant. "
 PROMPTS = [SHARED + b"hi", b"a", SHARED + b"tell me about the sea", b"0123456789abcdefghij", b"xyz"]
@@ -32,8 +33,9 @@ def run(engine_cls, config, model, tok, params):
     return [o.token_ids for o in outputs], engine
 
 
-def stage04(model, tok, params, pool):
-    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **POOLS[pool])
+def stage04(model, tok, params, pool, kv_cache_dtype="auto"):
+    config = EngineConfig(block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **POOLS[pool],
+                          kv_cache_dtype=kv_cache_dtype)
     return run(BatchingEngine, config, model, tok, params)[0]
 
 
@@ -99,6 +101,31 @@ def test_cpu_backend_gives_stage04_greedy_tokens(byte_tok, name, pool, budget, f
     assert got == want and engine.stats()["backend"] == "cpu"
     if budget == 40:
         assert any(n > 12 for s in engine.step_log for _, n, _ in s["chunks"])  # chunks of more than 12 rows
+
+
+STORED_RUNS = [(kv, backend, graphs) for kv in ("bfloat16", "int8", "fp8")
+               for backend, graphs in (("cpu", False), ("torch", True))] + [("int8", "triton", False)]
+
+
+@pytest.mark.parametrize("kv_cache_dtype, backend, graphs", STORED_RUNS,
+                         ids=[f"{kv}-{b}{'-graphs' if g else ''}" for kv, b, g in STORED_RUNS])
+def test_a_stored_kv_cache_gives_stage04s_tokens_with_the_same_cache(byte_tok, kv_cache_dtype, backend, graphs):
+    """bfloat16 values or int8/fp8 codes and scales, written and read by every path (the C
+    layer's write and attention, the graphs' gather, chunked prefill, prefix hits, preemption):
+    the tokens stage 04's reference computes from the same kind of pool."""
+    model = tiny_model("gqa_tied")
+    want = stage04(model, byte_tok, GREEDY, "tight", kv_cache_dtype)
+    got, engine = stage06(model, byte_tok, GREEDY, "tight", attention_backend=backend, fused=True,
+                          cuda_graphs=graphs, kv_cache_dtype=kv_cache_dtype)
+    assert got == want and engine.stats()["preemptions"] > 0
+    assert engine.cache.k.dtype == {"bfloat16": torch.bfloat16, "int8": torch.int8, "fp8": torch.float8_e4m3fn}[kv_cache_dtype]
+
+
+@pytest.mark.parametrize("kv_cache_dtype, kernels", [("fp8", "lesson"), ("int8", "gpu")])
+def test_a_backend_refuses_a_stored_cache_it_cannot_read_by_name(byte_tok, kv_cache_dtype, kernels):
+    with pytest.raises(ValueError, match="triton backend reads K/V pools of the model's dtype.*torch and cpu"):
+        stage06(tiny_model("gqa_tied"), byte_tok, GREEDY, "roomy", attention_backend="triton",
+                triton_kernels=kernels, kv_cache_dtype=kv_cache_dtype)
 
 
 def test_seeded_sampling_is_unchanged_by_graphs_and_fusion(byte_tok):

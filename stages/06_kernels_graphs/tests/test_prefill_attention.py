@@ -74,3 +74,16 @@ def test_non_contiguous_q():
     case.q = wide[..., ::2]  # stride 2 along the head dim
     assert not case.q.is_contiguous()
     _check(case, 1e-5)
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_a_stored_int8_pool_reads_as_the_oracle_reads_it_dequantized(block_size):
+    from course.s06_kernels_graphs.bench.testing import stored_case
+
+    case = make_paged_case([21, 9, 33, 4], [6, 1, 1, 4], num_heads=6, num_kv_heads=2, head_dim=16,
+                           block_size=block_size, seed=block_size)
+    k_pool, v_pool, dequantized = stored_case(case, torch.int8)
+    got = varlen_paged_attention(case.q, k_pool.codes, v_pool.codes, case.cu_seqlens_q, case.seq_lens,
+                                 case.block_tables, case.max_query_len, out=nan_like(case.q),
+                                 k_scale=k_pool.scales, v_scale=v_pool.scales)
+    torch.testing.assert_close(got, reference_attention(dequantized), atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ from course.s06_kernels_graphs.cpu import native
 from course.s06_kernels_graphs.torch_backend import TorchPagedBackend
 from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend
 from course.s06_kernels_graphs.cpu.attention import check_shapes, kernel_unavailable, paged_attention_rows
-from course.s06_kernels_graphs.bench.testing import make_paged_case, one_layer_step, reference_attention
+from course.s06_kernels_graphs.bench.testing import make_paged_case, one_layer_step, reference_attention, stored_case
 
 
 def every_row(case):
@@ -40,9 +40,25 @@ def test_kernel_equals_the_oracle(seq_lens, query_lens, heads, kv_heads, head_di
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(6, 2, 16), (3, 1, 12), (9, 3, 64), (4, 2, 128)])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_kernel_reads_a_stored_pool_as_the_oracle_reads_it_dequantized(dtype, heads, kv_heads, head_dim, block_size):
+    """bfloat16 values, or int8/fp8 codes with a scale per (token, KV head), read where they lie:
+    what the oracle computes from the same pool dequantized first (stage 03's reference)."""
+    case = make_paged_case([7, 33, 1, 50], [1, 5, 1, 16], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                           block_size=block_size, seed=block_size)
+    k_pool, v_pool, dequantized = stored_case(case, dtype)
+    rows, seqs, lens = every_row(case)
+    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), rows, seqs, lens)
+    torch.testing.assert_close(got, reference_attention(dequantized), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("head_dim", [16, 64])
-def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, monkeypatch):
-    """Machines without AVX-512 compile the plain loops for every head size: same results."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn])
+def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, dtype, monkeypatch):
+    """Machines without AVX-512 compile the plain loops (and, for stored pools, AVX2's 8-wide
+    dequantization) for every head size: same results."""
     import ctypes
 
     from course.s06_kernels_graphs.cpu import attention as cpu_attention
@@ -50,8 +66,11 @@ def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, monkeypatch):
     fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
     monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
     case = make_paged_case([7, 33, 50], [1, 5, 1], num_heads=6, num_kv_heads=2, head_dim=head_dim, block_size=16)
+    k_pool, v_pool = case.k_cache, case.v_cache
+    if dtype != torch.float32:
+        k_pool, v_pool, case = stored_case(case, dtype)
     rows, seqs, lens = every_row(case)
-    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
+    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), rows, seqs, lens)
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
 
 
@@ -81,8 +100,8 @@ def test_bad_tables_raise_instead_of_reading_out_of_bounds():
 
 
 def test_shapes_the_kernel_does_not_take_are_refused():
-    with pytest.raises(ValueError, match="float32 pool"):
-        check_shapes(torch.zeros(4, 16, 2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="reads pools of float32, bfloat16, int8, float8_e4m3fn on the CPU"):
+        check_shapes(torch.zeros(4, 16, 2, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="head_dim"):
         check_shapes(torch.zeros(4, 16, 2, 512))
     with pytest.raises(ValueError, match="query heads per KV head"):

@@ -85,9 +85,9 @@ def test_int8_products_without_vnni_widen_to_float():
     torch.testing.assert_close(out, want.float(), atol=1e-4, rtol=1e-5)
 
 
-def _side(fused, one_call=True):
+def _side(fused, one_call=True, kv_dtype=None):
     """The model beside its own pool and cpu backend (one-call layers on or off), and a runner."""
-    cache = PagedKVCache(fused.config, BLOCKS + 1, BLOCK)
+    cache = PagedKVCache(fused.config, BLOCKS + 1, BLOCK, kv_dtype=kv_dtype)
     attn = CpuPagedBackend(cache, one_call_layers=one_call)
     fused.follow(attn)
     return fused, cache, attn, ModelRunner(fused, attn, max_num_tokens=MAX_TOKENS, max_num_seqs=4,
@@ -127,10 +127,11 @@ def spy(monkeypatch):
     return calls
 
 
-def _pair(name, splits=2):
+def _pair(name, splits=2, kv_dtype=None):
     """The fused model with one-call layers and without, same weights, each with its own pool."""
     model = tiny_model(name, seed=1)
-    return [_side(split_linears(FusedCausalLM(model, ops=CpuOps), splits), one_call) for one_call in (True, False)]
+    return [_side(split_linears(FusedCausalLM(model, ops=CpuOps), splits), one_call, kv_dtype)
+            for one_call in (True, False)]
 
 
 def _step(side, tokens, seqs):
@@ -171,6 +172,23 @@ def test_one_call_layers_equal_the_per_op_path(name, spy):
     # every K/V the steps wrote is where the per-op path put it
     torch.testing.assert_close(one_call[1].k, per_op[1].k, atol=1e-5, rtol=1e-5, equal_nan=True)
     torch.testing.assert_close(one_call[1].v, per_op[1].v, atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8, torch.float8_e4m3fn])
+def test_one_call_layers_write_and_read_a_stored_pool_as_the_per_op_path(kv_dtype, spy):
+    """The C layer's KV write rounds or quantizes as stage 03's `quantize` does (a code may
+    differ by one where x / scale falls on a rounding tie: the C multiplies by the reciprocal),
+    and its attention reads the codes where they lie."""
+    one_call, per_op = _pair("gqa_tied", kv_dtype=kv_dtype)
+    for tokens, seqs in STEPS + BIG_STEPS:
+        torch.testing.assert_close(_step(one_call, tokens, seqs), _step(per_op, tokens, seqs), atol=1e-3, rtol=1e-3)
+    assert len(spy) == len(STEPS + BIG_STEPS) * one_call[0].config.num_hidden_layers
+    (_, c, *_), (_, t, *_) = one_call, per_op
+    if c.quantized:  # scales come from the row's largest value: no rounding ties there
+        assert torch.equal(c.k_scale, t.k_scale) and torch.equal(c.v_scale, t.v_scale)
+    for got, want in ((c.k, t.k), (c.v, t.v)):
+        differ = (got.float() != want.float()).float().mean().item()
+        assert differ < 0.01, f"{differ:.1%} of the codes differ"
 
 
 def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
