@@ -229,7 +229,7 @@ LOCAL_ONLY = ["max_num_seqs", "device", "dtype", "gpu_memory_utilization", "atte
               "graph_max_seq_len", "graph_max_num_tokens", "fused", "linear_splits", "quantization", "overlap",
               "speculative_method",
               "num_speculative_tokens", "speculative_disable_by_batch_size", "scheduling_policy", "cost_model",
-              "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation", "kv_cache_dtype"]
+              "mlfq_base_quantum", "mlfq_ratio", "mlfq_levels", "mlfq_starvation"]
 TOPOLOGY = ["prefill", "decode", "replicas", "routing_policy"]
 
 
@@ -278,15 +278,17 @@ def serve_disaggregated(args: argparse.Namespace, assemble_app) -> int:
         tokenizer.chat_template = getattr(args, "chat_template", None) or tokenizer.chat_template
         kv_memory = parse_size(args.kv_memory, "--kv-memory") if args.kv_memory is not None else None
         import torch
-        blocks = num_kv_blocks(args, kv_memory, config, torch.float32)  # the workers load float32
+        from course.s03_paged.quantized_kv import storage_dtype
+        kv_dtype = storage_dtype(args.kv_cache_dtype, torch.float32)  # the workers load float32
+        blocks = num_kv_blocks(args, kv_memory, config, torch.float32, kv_dtype=kv_dtype)
     except (ValueError, ModelLoadError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     eos = list(config.eos_token_ids) + ([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None
                                         and tokenizer.eos_token_id not in config.eos_token_ids else [])
     replicas = args.replicas or 0
-    worker_args = ["--kv-blocks", str(blocks), "--block-size", str(args.block_size),
-                   "--max-num-batched-tokens", str(args.max_num_batched_tokens or 256)]
+    worker_args = ["--kv-blocks", str(blocks), "--block-size", str(args.block_size), "--kv-cache-dtype",
+                   args.kv_cache_dtype, "--max-num-batched-tokens", str(args.max_num_batched_tokens or 256)]
     # Until uvicorn takes over the signals, a SIGTERM unwinds like Ctrl-C, so the workers stop too.
     def interrupt(*_):
         raise KeyboardInterrupt

@@ -152,8 +152,7 @@ def test_without_graphs_start_up_captures_nothing(tiny_folder, capsys):
 
 
 @pytest.mark.parametrize("flag,value", [("--gpu-memory-utilization", "0.5"), ("--graph-max-seq-len", "64"),
-                                        ("--graph-max-num-tokens", "0"), ("--dtype", "bfloat16"),
-                                        ("--kv-cache-dtype", "int8")])
+                                        ("--graph-max-num-tokens", "0"), ("--dtype", "bfloat16")])
 def test_local_engine_flags_are_refused_with_disaggregated(flag, value, capsys):
     assert main(["serve", "--disaggregated", flag, value]) == 2
     assert f"{flag} is not supported with --disaggregated" in capsys.readouterr().err

@@ -32,7 +32,7 @@ from course.s04_continuous_batching.engine import EngineConfig, LLMEngine, Queue
 from course.s04_continuous_batching.request import Request, Status
 
 from .holding_scheduler import HoldingScheduler
-from .kv_connector import KVConnector, KVLayout, LayerBlocks
+from .kv_connector import KVConnector, KVLayout, LayerBlocks, pool_tensors
 
 
 @dataclass
@@ -226,9 +226,9 @@ class DisaggEngine(LLMEngine):
             table = self.blocks.tables[req.request_id]
             slots = PagedAttentionMetadata.build([(start, n_prompt - start, table)], bs, self.model.device).slot_mapping
             device = self.cache.k.device  # blocks may arrive in host memory
-            for layer, (k, v) in enumerate(layers):
-                self.cache.k[layer].view(-1, *k.shape[2:])[slots] = k.flatten(0, 1)[:n_prompt - start].to(device)
-                self.cache.v[layer].view(-1, *v.shape[2:])[slots] = v.flatten(0, 1)[:n_prompt - start].to(device)
+            for layer, parts in enumerate(layers):  # K and V (and a quantized pool's scales), as sent
+                for pool, part in zip(pool_tensors(self.cache), parts):
+                    pool[layer].view(-1, *part.shape[2:])[slots] = part.flatten(0, 1)[:n_prompt - start].to(device)
         self.num_loaded_blocks += len(layers[0][0]) if layers else 0
         req.num_computed_tokens = n_prompt
         self.blocks.commit(req.request_id, req.seq.prompt_ids)  # the loaded full blocks join our prefix cache

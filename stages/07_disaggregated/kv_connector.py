@@ -12,6 +12,7 @@ It has the shape of vLLM's `KVConnectorBase_V1`, reduced to what a two-worker se
     start_load(params, prompt, first_block, deadline)
                                  fetch blocks first_block.. of a request; a Future of per-layer
                                  (k, v) tensors [n_blocks, block_size, kv_heads, head_dim]
+                                 (with their scales, for a quantized pool)
     confirm(params)              tell the producer it may free its blocks (loaded, or not needed)
 
 In vLLM's words: register_kv_cache ~ register_kv_caches; save_kv ~ request_finished (which
@@ -35,7 +36,9 @@ import torch
 
 from course.s03_paged.paged_attention import PagedKVCache
 
-LayerBlocks = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k, v), each [n, block_size, kv_heads, head_dim]
+# per layer: (k, v), each [n, block_size, kv_heads, head_dim]; a quantized pool's (stage 03's
+# quantized_kv.py) also its scales: (k codes, v codes, k scales, v scales), scales [n, block_size, kv_heads]
+LayerBlocks = list[tuple[torch.Tensor, ...]]
 
 
 class KVTransferError(RuntimeError):
@@ -49,27 +52,37 @@ class KVLayout:
     block_size: int
     num_kv_heads: int
     head_dim: int
-    dtype: str
+    dtype: str                # what the pool stores: float32, bfloat16, int8, float8_e4m3fn
+    scale_dtype: str | None = None  # a quantized pool's scales: its blocks travel with them
 
     @classmethod
     def of(cls, cache: PagedKVCache) -> "KVLayout":
-        if cache.quantized:  # its blocks are codes and scales: this connector ships values only
-            raise ValueError(f"disaggregated serving ships K/V values, not {cache.kv_dtype} codes and their scales: "
-                             "use --kv-cache-dtype auto, float32 or bfloat16 here")
         layers, _, block_size, kv_heads, head_dim = cache.k.shape
-        return cls(layers, block_size, kv_heads, head_dim, str(cache.k.dtype).removeprefix("torch."))
+        name = lambda t: str(t.dtype).removeprefix("torch.")  # noqa: E731
+        return cls(layers, block_size, kv_heads, head_dim, name(cache.k), name(cache.k_scale) if cache.quantized else None)
 
     def blocks_shape(self, n: int) -> tuple[int, ...]:
         return (n, self.block_size, self.num_kv_heads, self.head_dim)
+
+    def parts(self, n: int) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """(shape, dtype) of each tensor one layer's n blocks travel as: K and V, then their scales."""
+        values = [(self.blocks_shape(n), getattr(torch, self.dtype))] * 2
+        return values + ([(self.blocks_shape(n)[:-1], getattr(torch, self.scale_dtype))] * 2 if self.scale_dtype else [])
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
+def pool_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, ...]:
+    """The pool's tensors a block lives in, [layers, num_blocks, ...] each: K and V, and a quantized
+    pool's scales."""
+    return (cache.k, cache.v) + ((cache.k_scale, cache.v_scale) if cache.quantized else ())
+
+
 def read_blocks(cache: PagedKVCache, block_ids: list[int]) -> LayerBlocks:
     """Copies of `block_ids` from every layer of the pool (a snapshot: the pool may change later)."""
     index = torch.tensor(block_ids, dtype=torch.long, device=cache.k.device)
-    return [(cache.k[layer, index], cache.v[layer, index]) for layer in range(cache.k.shape[0])]
+    return [tuple(t[layer, index] for t in pool_tensors(cache)) for layer in range(cache.k.shape[0])]
 
 
 def done_future(result=None, error: Exception | None = None) -> Future:

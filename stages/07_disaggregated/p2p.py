@@ -105,7 +105,7 @@ class P2PConnector(KVConnector):
             self.check_layout(params)
         except KVTransferError as e:
             return done_future(error=e)
-        num_tags = 1 + 2 * self.layout.num_layers
+        num_tags = 1 + len(self.layout.parts(0)) * self.layout.num_layers
         tag = self.store.add("kv/tags", num_tags) - num_tags  # tags tag .. tag+num_tags-1 are ours alone
         return self._threads.submit(self._receive, params, first_block, tag, deadline)
 
@@ -119,11 +119,11 @@ class P2PConnector(KVConnector):
         if header.item() != expected:
             raise KVTransferError(f"the producer no longer holds transfer {params['transfer_id']} (lease expired?)"
                                   if header.item() < 0 else f"expected {expected} blocks, the producer has {header.item()}")
-        shape, dtype = self.layout.blocks_shape(expected), self.cache.k.dtype
-        buffers = [torch.empty(shape, dtype=dtype) for _ in range(2 * self.layout.num_layers)]  # host memory, as sent
-        works = [dist.irecv(b, src=src, tag=tag + 1 + i) for i, b in enumerate(buffers)]
+        parts = self.layout.parts(expected)  # K, V (and a quantized pool's scales) of each layer
+        buffers = [torch.empty(shape, dtype=dtype) for _ in range(self.layout.num_layers) for shape, dtype in parts]
+        works = [dist.irecv(b, src=src, tag=tag + 1 + i) for i, b in enumerate(buffers)]  # host memory, as sent
         _wait_all(works, deadline)
-        return [(buffers[2 * layer], buffers[2 * layer + 1]) for layer in range(self.layout.num_layers)]
+        return [tuple(buffers[layer * len(parts):(layer + 1) * len(parts)]) for layer in range(self.layout.num_layers)]
 
     def confirm(self, params: dict) -> None:
         self._post(params["rank"], {"op": "done", "transfer_id": params["transfer_id"]})

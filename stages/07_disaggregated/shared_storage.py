@@ -50,11 +50,11 @@ class SharedStorageConnector(KVConnector):
     def save_kv(self, transfer_id: str, prompt_ids: list[int], block_ids: list[int]) -> dict:
         names = block_names(prompt_ids, self.layout.block_size)
         assert len(names) == len(block_ids), "one block per block_size tokens of the prompt"
-        for name, (k, v) in zip(names, _per_block(read_blocks(self.cache, block_ids))):
+        for name, parts in zip(names, _per_block(read_blocks(self.cache, block_ids))):
             path = self._path(name)
             if not path.exists():  # an earlier request with this prefix already wrote it
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")  # write, then rename: a reader never
-                save_file({"k": k, "v": v}, tmp)                # sees half a file
+                save_file(dict(zip(PARTS, parts)), tmp)        # sees half a file
                 os.replace(tmp, path)
         return {"root": str(self.root)}
 
@@ -74,15 +74,18 @@ class SharedStorageConnector(KVConnector):
             blocks = [load_file(self._path(name), device=str(self.cache.k.device)) for name in names]
         except (OSError, KVTransferError) as e:  # a missing file: written by no one, or deleted
             return done_future(error=e if isinstance(e, KVTransferError) else KVTransferError(str(e)))
-        return done_future([(torch.stack([b["k"][layer] for b in blocks]), torch.stack([b["v"][layer] for b in blocks]))
+        parts = PARTS[:len(self.layout.parts(0))]
+        return done_future([tuple(torch.stack([b[part][layer] for b in blocks]) for part in parts)
                             for layer in range(self.layout.num_layers)])
 
     def confirm(self, params: dict) -> None:
         (self.root / "done" / params["transfer_id"]).touch()
 
 
+PARTS = ("k", "v", "k_scale", "v_scale")  # a block file's tensors (the scales: a quantized pool's)
+
+
 def _per_block(layers):
-    """Per-layer [n, ...] tensors regrouped as one (k, v) pair per block, each [layers, ...]."""
-    ks = torch.stack([k for k, _ in layers], dim=1)  # [n, layers, block_size, kv_heads, head_dim]
-    vs = torch.stack([v for _, v in layers], dim=1)
-    return [(ks[i].contiguous(), vs[i].contiguous()) for i in range(ks.shape[0])]
+    """Per-layer [n, ...] tensors regrouped per block: (k, v[, scales]), each [layers, ...]."""
+    stacked = [torch.stack([parts[i] for parts in layers], dim=1) for i in range(len(layers[0]))]  # [n, layers, ...]
+    return [tuple(t[b].contiguous() for t in stacked) for b in range(stacked[0].shape[0])]

@@ -20,7 +20,7 @@ from course.s03_paged.paged_attention import PagedKVCache
 from course.s04_continuous_batching.engine import EngineConfig
 
 from .engine import DisaggEngine
-from .kv_connector import KVLayout, KVTransferError
+from .kv_connector import KVLayout, KVTransferError, pool_tensors
 from .p2p import P2PConnector
 
 NUM_BLOCKS, BLOCK_SIZE = 12, 4
@@ -82,15 +82,18 @@ def p2p_consumer(port: int, results, handoff) -> None:
         connector.close()
 
 
+ENGINE_CONFIG = EngineConfig(num_blocks=24, block_size=4, kv_cache_dtype="int8")  # codes and scales travel
+
+
 def tiny_engine(connector) -> DisaggEngine:
-    return DisaggEngine(tiny_model("mqa_odd_heads"), byte_tokenizer(), EngineConfig(num_blocks=24, block_size=4),
-                        connector=connector)
+    return DisaggEngine(tiny_model("mqa_odd_heads"), byte_tokenizer(), ENGINE_CONFIG, connector=connector)
 
 
 def prompt_kv(engine: DisaggEngine, table: list[int], n: int):
-    """A sequence's K/V for its first n positions, read through its block table."""
+    """A sequence's K/V (a quantized pool: codes, then scales) for its first n positions, read
+    through its block table."""
     t = torch.tensor(table)
-    return engine.cache.k[:, t].flatten(1, 2)[:, :n].clone(), engine.cache.v[:, t].flatten(1, 2)[:, :n].clone()
+    return tuple(x[:, t].flatten(1, 2)[:, :n].clone() for x in pool_tensors(engine.cache))
 
 
 def engine_producer(connector, results, handoff, timeout_s: float = 60.0) -> None:

@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dist-fd", type=int, help="p2p, rank 0: host the rendezvous on this inherited, bound socket")
     p.add_argument("--kv-blocks", type=int, default=256)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-dtype", default="auto", help="what the KV pool stores: auto, bfloat16, int8, fp8 "
+                   "(every worker of a topology the same: a transfer between two layouts is refused)")
     p.add_argument("--max-num-batched-tokens", type=int, default=256)
     p.add_argument("--lease-s", type=float, default=30.0)
     p.add_argument("--kv-load-timeout-s", type=float, default=10.0)
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None, plug_ins: Iterable[Callable[[FastAPI, En
     connector = make_connector(args) if args.role != "unified" else None
     engine = DisaggEngine(loaded.model, loaded.tokenizer,
                           EngineConfig(num_blocks=args.kv_blocks, block_size=args.block_size,
-                                       max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False),
+                                       max_num_batched_tokens=args.max_num_batched_tokens, record_steps=False,
+                                       kv_cache_dtype=args.kv_cache_dtype),
                           loaded.eos_token_ids, connector=connector,
                           disagg=DisaggConfig(lease_s=args.lease_s, kv_load_timeout_s=args.kv_load_timeout_s))
     loop = EngineLoop(engine)

@@ -108,6 +108,22 @@ def chat(c, stream: bool, **kw) -> tuple[str, str]:
     return text, reason
 
 
+def test_an_int8_kv_cache_travels_between_the_workers_and_answers_as_a_unified_int8_server(folder, tmp_path):
+    """`--kv-cache-dtype int8` reaches every worker: the prompt's codes and scales are handed over,
+    and greedy answers equal one in-process server's with the same pool."""
+    loaded = load_model(folder)
+    config = KernelEngineConfig(num_blocks=256, block_size=4, kv_cache_dtype="int8")
+    engine = AsyncEngine(Engine(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids), ServerMetrics("tiny"))
+    with live_server(engine, loaded.tokenizer) as url, \
+            serving(folder, tmp_path / "serve.log", "--prefill", "1", "--decode", "1", "--kv-cache-dtype", "int8") as s:
+        local = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        for prompt in PROMPTS:
+            kw = dict(prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+            assert completion(client(s), False, **kw) == completion(local, False, **kw)
+        decode = next(w for w in s.workers if w.role == "decode")
+        assert settled(decode)["loaded_blocks"] > 0  # the prompts' blocks came from the prefill worker
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_greedy_chat_and_completions_equal_the_unified_server(server, unified, stream):
     remote = client(server)

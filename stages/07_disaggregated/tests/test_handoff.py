@@ -167,6 +167,50 @@ def test_handoff_kv_received_equals_kv_computed_bitwise(pair):
     prefill.service_kv()
 
 
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8"])
+def test_a_quantized_pool_hands_over_its_codes_and_scales(tmp_path, byte_tok, kv_cache_dtype):
+    """Both workers store int8 (or fp8) K/V: the blocks travel as codes and scales, bitwise, and the
+    decode side computes what a unified engine with the same pool computes."""
+    from course.s07_disaggregated.kv_connector import pool_tensors
+
+    model = tiny_model("mqa_odd_heads")
+    config = EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_num_batched_tokens=32,
+                          kv_cache_dtype=kv_cache_dtype)
+    prefill, decode = (DisaggEngine(model, byte_tok, config, connector=SharedStorageConnector(tmp_path),
+                                    disagg=DisaggConfig(lease_s=60)) for _ in range(2))
+    prompts, params = random_prompts([19, 26], seed=7), [greedy(6)] * 2
+    transfers = run_prefill(prefill, prompts, params)
+    sent = [[t[:, prefill.held_blocks(x["transfer_id"])] for t in pool_tensors(prefill.cache)] for x in transfers]
+    ids = [decode.add_transferred_request(p, sp, t) for p, sp, t in zip(prompts, params, transfers)]
+    decode.service_kv()  # the loads complete: the blocks are in the consumer's pool
+    for rid, prompt, blocks in zip(ids, prompts, sent):
+        table = decode.blocks.tables[rid][:len(prompt) // BLOCK]  # the full blocks: nothing decodes into them
+        got = [t[:, table] for t in pool_tensors(decode.cache)]
+        assert len(got) == 4 and all(torch.equal(a[:, :len(table)], b) for a, b in zip(blocks, got))
+    step_to_end(decode, ids)
+    decode.service_kv()
+    prefill.service_kv()
+    unified_engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK,
+                                                             kv_cache_dtype=kv_cache_dtype))
+    want = unified_engine.generate(prompts, params)
+    assert [decode.requests[i].seq.output_ids for i in ids] == [w.token_ids for w in want]
+    assert all(decode.kv_origin[i]["source"] == "remote" for i in ids)
+
+
+def test_workers_with_different_kv_dtypes_recompute_rather_than_misread(tmp_path, byte_tok):
+    """A transfer between an int8 pool and a float32 one is refused by its layout: the consumer
+    computes the prompt itself."""
+    model = tiny_model("mqa_odd_heads")
+    make = lambda kv: DisaggEngine(model, byte_tok, EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK,  # noqa: E731
+                                                                   kv_cache_dtype=kv),
+                                   connector=SharedStorageConnector(tmp_path), disagg=DisaggConfig(lease_s=60))
+    prefill, decode = make("int8"), make("auto")
+    prompts = random_prompts([19], seed=8)
+    outs, (rid,) = disaggregated(prefill, decode, prompts, [greedy(4)])
+    assert decode.kv_origin[rid]["source"] == "recomputed"
+    assert_same_as_unified(model, byte_tok, decode, outs, prompts, [greedy(4)])
+
+
 def test_lease_confirm_frees_producer_blocks(pair):
     _, prefill, decode = pair
     (transfer,) = run_prefill(prefill, random_prompts([20]), [greedy(2)])

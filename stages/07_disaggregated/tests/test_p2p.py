@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
-from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s04_continuous_batching.engine import LLMEngine
 from course.s07_disaggregated.launcher import free_port
-from course.s07_disaggregated.testing import GREEDY, HELD, PROMPT, p2p_consumer, p2p_producer, random_pool
+from course.s07_disaggregated.testing import (ENGINE_CONFIG, GREEDY, HELD, PROMPT, p2p_consumer, p2p_producer,
+                                              random_pool)
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +48,12 @@ def test_p2p_blocks_arrive_bitwise_and_unknown_transfers_fail_fast(got):
 
 
 def test_p2p_engine_handoff_kv_received_equals_kv_computed_bitwise(got):
+    """Two engines with int8 pools: the codes and their scales arrive as computed."""
     computed, received = got["computed"], got["received"]
-    assert torch.equal(computed[0], received[0]) and torch.equal(computed[1], received[1])
+    assert len(computed) == 4 and computed[0].dtype == torch.int8 and computed[2].dtype == torch.float16
+    assert all(torch.equal(c, r) for c, r in zip(computed, received))
     tokens, source, free_blocks = got["engine consumer"]
     assert source == "remote" and free_blocks == 24
-    unified = LLMEngine(tiny_model("mqa_odd_heads"), byte_tokenizer(), EngineConfig(num_blocks=24, block_size=4))
+    unified = LLMEngine(tiny_model("mqa_odd_heads"), byte_tokenizer(), ENGINE_CONFIG)
     assert tokens == unified.generate([PROMPT], GREEDY)[0].token_ids
     assert got["engine producer"] == ({"confirm": 1}, 0)  # the lease ended by the consumer's confirmation
