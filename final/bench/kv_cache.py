@@ -18,7 +18,8 @@ float32 values, and int8 keys with a scale per 32 values instead of per head (64
 
 Capacity: the tokens 1 GiB of `--kv-memory` holds (launch/kv_pool.py's accounting).
 
-Speed, the server's CPU defaults in process (bench/profile.py):
+Speed, the server's CPU defaults in process (bench/profile.py); the AVX2 hosts' path on any host:
+`COURSE_CPU_ARCH=haswell ONEDNN_MAX_CPU_ISA=AVX2 python -m course.final.bench.kv_cache ...`:
   decode64   64 requests of ~320 tokens all decoding: ms per step, and the share of it the
              attention kernel takes (the kernel alone over the same rows and pools, every layer)
   saturated  profile.py's 40 ShareGPT requests at once, 128 tokens each: output tok/s
@@ -190,10 +191,23 @@ def run(args: argparse.Namespace) -> dict:
             if "saturated_output_tok_s" in row and "saturated_output_tok_s" in base:
                 row["saturated_vs_float32"] = row["saturated_output_tok_s"] / base["saturated_output_tok_s"]
                 row["attention_share_vs_float32"] = row["decode64_attention_share"] / base["decode64_attention_share"]
-    return {"model": "SmolLM2-135M-Instruct", "rows": rows}
+    return {"model": "SmolLM2-135M-Instruct", "rows": rows, **isa_path()}
+
+
+def isa_path() -> dict:
+    """What the C kernels were built for (stage 06's cpu/native.py: $COURSE_CPU_ARCH, e.g. haswell
+    for the AVX2 hosts' path) and oneDNN's cap, beside this CPU's own vector extensions."""
+    import os
+
+    flags = open("/proc/cpuinfo").read().split("flags", 1)[-1].split("\n", 1)[0].split() if os.path.exists(
+        "/proc/cpuinfo") else []
+    return {"c_kernels_march": os.environ.get("COURSE_CPU_ARCH") or "native",
+            "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+            "cpu_vector_extensions": [f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "amx_int8") if f in flags]}
 
 
 def report(result: dict) -> None:
+    print(f"C kernels for -march={result['c_kernels_march']} (this CPU: {' '.join(result['cpu_vector_extensions'])})")
     for row in result["rows"]:
         if row.get("ablation"):
             print(f"{row['variant']:<28} top-1 {row['top1_agreement']:.3f}  ppl {row['perplexity']:.3f}")
