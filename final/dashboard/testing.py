@@ -13,7 +13,8 @@ const $ = id => document.getElementById(id);
 return {rows: document.querySelectorAll('#rows tr').length, grid: $('pool').toDataURL(),
         preemption: $('last-preemption').textContent, preemptions: $('stat-preemptions').textContent,
         flash: $('last-preemption').className === 'flash',
-        updates: parseFloat($('stat-updates').textContent) || 0, status: $('status').textContent};
+        updates: parseFloat($('stat-updates').textContent) || 0, status: $('status').textContent,
+        rendered: Number(document.body.dataset.rendered) || 0};
 """
 
 

@@ -1,5 +1,4 @@
 import gc
-import inspect
 
 from course.final.launch.heap import freeze_startup_heap
 
@@ -21,25 +20,28 @@ def test_freezing_hides_the_startup_heap_and_still_reclaims_new_garbage():
 
 
 def test_serve_makes_the_grammar_tables_then_freezes_the_heap_before_it_answers(monkeypatch):
+    """`serve` itself, its model and server faked: the tables are made unfrozen, then the heap is
+    frozen, then the server answers."""
+    from types import SimpleNamespace
+
     from course.final import cli
+    from course.final.security.options import door_from_args
 
     order = []
-
-    class App:
-        class state:
-            class grammars:
-                prepare = staticmethod(lambda: order.append(("prepare", gc.get_freeze_count())))
-
+    grammars = SimpleNamespace(prepare=lambda: order.append(("prepare", gc.get_freeze_count())))
+    door = door_from_args(cli.make_parser()[0].parse_args(["serve"]))  # no key, as `serve` alone has
+    app = SimpleNamespace(state=SimpleNamespace(grammars=grammars, door=door))
+    engine = SimpleNamespace(start=lambda: order.append(("start", gc.get_freeze_count())))
+    monkeypatch.setattr(cli, "build_server", lambda args, tp=None: (engine, app))
     monkeypatch.setattr(cli, "serve_until_stopped", lambda *a, **k: order.append(("serve", gc.get_freeze_count())))
     gc.unfreeze()
     try:
-        cli.ready_to_serve(App())
-        cli.serve_until_stopped(App(), None, "127.0.0.1", 0, 1.0)
+        assert cli.main(["serve"]) == 0
     finally:
         gc.unfreeze()
-    assert order[0] == ("prepare", 0)  # made before the freeze, so the tables are frozen with the rest
-    assert order[1][0] == "serve" and order[1][1] > 0
-    assert "ready_to_serve(app)" in inspect.getsource(cli.main)  # and `serve` does it before serving
+    assert [step for step, _ in order] == ["start", "prepare", "serve"]
+    assert order[1][1] == 0  # made before the freeze, so the tables are frozen with the rest
+    assert order[2][1] > 0   # answering with the start-up heap out of the collector's walk
 
 
 def test_prepare_makes_the_tokenizer_tables_before_any_schema(byte_tok):

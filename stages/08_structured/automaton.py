@@ -130,8 +130,7 @@ def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudg
     try:
         return _compile_automaton(grammar, inline, budget, minimize_positions)
     except LimitExceeded as e:  # too big or too slow: name the schema's largest part too
-        if e.limit in ("max_build_states", "max_states", "timeout_s") and (part := grammar.largest_part()):
-            e.args = (f"{e.args[0]}; the schema's largest part: {part}",)
+        e.part = grammar.largest_part() if e.limit in ("max_build_states", "max_states", "timeout_s") else None
         raise
 
 
@@ -164,12 +163,10 @@ def _compile_automaton(grammar: Grammar, inline: bool, budget: CompileBudget,
             edges.append(tuple((lo, hi, off + t) for lo, hi, t in dfa.byte_edges[st]))
             call_edges.append(tuple((base[r], off + t) for r, t in dfa.call_edges[st]))
             rule_of.append(name)
-    budget.working_on = f"merging the {total} positions of {len(names)} rules"
-    if minimize_positions:
-        merged, count = minimize(final, edges, call_edges, budget)
-    else:
-        merged, count = list(range(total)), total
+    merged, count = list(range(total)), total
     if minimize_positions:  # max_states bounds the merged positions (a mask each, if precomputed)
+        budget.working_on = f"merging the {total} positions of {len(names)} rules"
+        merged, count = minimize(final, edges, call_edges, budget)
         budget.at_most("max_states", count, f"the grammar needs {count} automaton states after merging "
                        f"equivalent ones ({total} built)")
     first = {}                                     # merged id -> one position it stands for

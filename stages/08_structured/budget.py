@@ -10,9 +10,9 @@ limit it hit, and lets its owner stop a compile that is still running:
     compiled = compile_grammar(grammar, info, budget=budget)
     # meanwhile, from another thread:  budget.cancel()
 
-Each limit is checked as early as the input allows (a keyword where it is read, the
-automaton's size before it is built); `check()`, called in the loops that can run long,
-raises once the deadline has passed or the owner cancelled. A limit set to None is not enforced.
+Each limit is checked as early as the input allows (a keyword where it is read, the automaton's
+size before it is built); `check()`, in the loops that can run long, raises once the deadline
+has passed or the owner cancelled. A limit set to None is not enforced.
 
     LimitExceeded (a GrammarError, so a ValueError)   the input is too big: refuse the request
     CompileTimeout (a LimitExceeded)                  the deadline passed
@@ -32,8 +32,11 @@ class LimitExceeded(GrammarError):
     """The input is larger than a limit: `limit` is the CompileBudget field, `value` its setting."""
 
     def __init__(self, limit: str, value, what: str):
-        self.limit, self.value = limit, value
+        self.limit, self.value, self.part = limit, value, None  # part: the schema's largest (automaton.py)
         super().__init__(f"{what}; this server's limit is {limit}={value}")
+
+    def __str__(self) -> str:
+        return super().__str__() + (f"; the schema's largest part: {self.part}" if self.part else "")
 
 
 class CompileTimeout(LimitExceeded):

@@ -179,6 +179,7 @@ function render(snap) {
   renderPool(snap);
   renderQueues(snap);
   CHARTS.forEach(drawChart);
+  document.body.dataset.rendered = (Number(document.body.dataset.rendered) || 0) + 1;  // snapshots drawn
 }
 
 // The event stream, read with fetch: EventSource cannot send the Authorization header a server

@@ -102,15 +102,21 @@ def test_page_shows_rows_come_and_go_the_pool_change_and_a_preemption(browser, b
 
 
 def test_page_keeps_up_with_64_running_requests_and_1024_blocks(browser, byte_tok):
+    """Keeping up is counted, not timed: the page draws the snapshots the server sends it, and
+    the server drops (almost) none for a page that lags (a busy machine slows both alike)."""
     engine = tiny_engine(byte_tok, num_blocks=1024, max_num_seqs=64, max_waiting=128)
     with live_server(engine, byte_tok) as url:
         open_page(browser, url, engine)
+        (watcher,) = engine.watch._watchers  # the page's queue on the server
         traffic = load(url, concurrency=64, seconds=5, prompt="a wide batch of requests", max_tokens=48)
         states = watch_page(browser, engine, traffic)
         errors = console_errors(browser)
+        built = engine.watch.snapshots_built
     busy = [s for s in states if s["rows"] >= 32]
     assert busy, f"the batch never reached 32 rows (max {max(s['rows'] for s in states)})"
-    assert min(s["updates"] for s in busy[5:] or busy) >= 2, [s["updates"] for s in busy]
+    assert busy[-1]["rendered"] - busy[0]["rendered"] >= 3, "the page stopped drawing under the wide batch"
+    assert watcher.dropped <= built // 10, f"{watcher.dropped} of {built} snapshots dropped: the page fell behind"
+    assert states[-1]["rendered"] + watcher.dropped >= built - 4  # at most a queue's worth still on its way
     assert not errors, errors
 
 

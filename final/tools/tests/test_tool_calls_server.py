@@ -122,16 +122,34 @@ def test_auto_lets_the_model_answer_in_text(client):
     assert choice.message.tool_calls is None and choice.message.content and choice.finish_reason == "length"
 
 
-def test_a_follow_up_turn_with_a_tool_result_and_the_developer_role_is_answered(client):
+def follow_up(client) -> list[dict]:
+    """A conversation an agent sends back: the developer role, a call the model made, its result."""
     first = client.chat.completions.create(model="tiny", messages=ASK, tools=[TOOLS["get_weather"]], max_tokens=100,
                                            tool_choice="required", temperature=0.0).choices[0].message
     call = first.tool_calls[0]
-    messages = [{"role": "developer", "content": "Be brief."}, *ASK,
-                {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
-                {"role": "tool", "tool_call_id": call.id, "name": "get_weather", "content": '{"temp_c": 21}'}]
+    return [{"role": "developer", "content": "Be brief."}, *ASK,
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump(exclude_none=True)]},
+            {"role": "tool", "tool_call_id": call.id, "name": "get_weather", "content": '{"temp_c": 21}'}]
+
+
+def test_a_follow_up_turn_with_a_tool_result_and_the_developer_role_is_answered(client):
+    messages = follow_up(client)
     out = client.chat.completions.create(model="tiny", messages=messages, tools=[TOOLS["get_weather"]], max_tokens=8,
                                          tool_choice="none", temperature=0.0)
     assert out.choices[0].message.content and out.choices[0].message.tool_calls is None
+
+
+def test_tokenize_counts_the_prompt_the_chat_route_renders(client, server):
+    """/tokenize with `messages` and `tools` renders what the chat route renders (the assistant's
+    tool calls, the `tool` results, the tools): its count is the chat answer's prompt_tokens."""
+    turns = follow_up(client)
+    for messages, tools in [(ASK, None), (ASK, list(TOOLS.values())), (turns, [TOOLS["get_weather"]]), (turns, None)]:
+        out = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1,
+                                             **({"tools": tools, "tool_choice": "none"} if tools else {}))
+        counted = httpx.post(server + "/tokenize", json={"messages": messages} | ({"tools": tools} if tools else {}))
+        assert counted.json()["count"] == out.usage.prompt_tokens
+    bad = httpx.post(server + "/tokenize", json={"messages": [{"role": "tool", "content": 3}]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("messages")
 
 
 def test_best_effort_relaxations_are_reported_with_the_function_named(server):
