@@ -47,10 +47,10 @@ def run(args: argparse.Namespace) -> dict:
     from ..testing import running_server
 
     server_args = make_parser()[0].parse_args(["serve"])
-    engine, _ = build_server(server_args)
+    engine, app = build_server(server_args)
     tokenizer = engine.engine.tokenizer
     rows, floor = [], []
-    with running_server(engine, tokenizer, "SmolLM2-135M-Instruct") as (url, srv):
+    with running_server(engine, tokenizer, "SmolLM2-135M-Instruct", app=app) as (url, srv):  # `serve`'s own app
         grammars = srv.config.app.state.grammars
         ready_to_serve(srv.config.app)  # as `serve` does before it answers
         for _ in range(3):

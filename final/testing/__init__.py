@@ -73,12 +73,13 @@ def tiny_engine(byte_tok, speculative: SpeculativeConfig | None = None, policy=N
 
 @contextlib.contextmanager
 def running_server(engine: AsyncEngine, tokenizer, model_name: str = "tiny", limits: ServerLimits | None = None,
-                   drain_timeout: float = 5.0, door=None):
+                   drain_timeout: float = 5.0, door=None, app=None):
     """The full app (cli.py's assemble_app, every room plugged in) on a free localhost port, served
     by uvicorn in a thread, as a user would run it. Yields (base URL, the GracefulServer:
     `server.handle_exit(signal.SIGTERM, None)` is what a SIGTERM does); stops the server and the
-    engine on exit. `door`: API keys (security/)."""
-    app = assemble_app(engine, tokenizer, model_name, limits, door)  # the plug-ins hook in before the engine runs
+    engine on exit. `door`: API keys (security/). `app`: one built already (cli.build_server's)."""
+    if app is None:  # the plug-ins hook in before the engine runs
+        app = assemble_app(engine, tokenizer, model_name, limits, door)
     engine.start()
     srv = GracefulServer(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
                                         timeout_graceful_shutdown=2),
