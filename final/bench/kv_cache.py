@@ -70,31 +70,12 @@ class StoredKVAttention(FullCausalAttention):
         return super().forward(layer, q, stored(k, *self.keys), stored(v, *self.values), meta)
 
 
-@torch.no_grad()
-def stored_logits(model, token_ids: list[int], dtype, values=None) -> torch.Tensor:
-    """Logits after every prefix, K/V stored as `dtype` (or (dtype, group) for the keys and `values`)."""
-    from course.s01_decode_loop.attention import AttentionMetadata
+def quality(reference, model, attention: StoredKVAttention, prompts, answers, texts) -> dict:
+    """Top-1 agreement with `reference` (float32 K/V) and perplexity, K/V stored as `attention` stores them."""
+    from course.s06_kernels_graphs.cpu.precision import perplexity, top1_agreement
 
-    keys = dtype if isinstance(dtype, tuple) else (dtype, 0)
-    ids = torch.tensor(token_ids, dtype=torch.long)
-    meta = AttentionMetadata.for_full_sequences([len(token_ids)], model.device)
-    return model.compute_logits(model(ids, StoredKVAttention(keys, values or keys), meta)).float()
-
-
-def quality(reference, model, dtype, prompts, answers, texts, values=None) -> dict:
-    """Top-1 agreement with `reference` (float32 K/V) and perplexity, K/V stored as `dtype`
-    (or keys as `dtype` and values as `values`, each a (dtype, group))."""
-    agree = []
-    for prompt, answer in zip(prompts, answers):
-        ids, rows = prompt + answer, slice(len(prompt) - 1, len(prompt) + len(answer) - 1)
-        want = stored_logits(reference, ids, torch.float32)[rows].argmax(-1)
-        agree.append((stored_logits(model, ids, dtype, values)[rows].argmax(-1) == want).float().mean().item())
-    nll, count = 0.0, 0
-    for ids in texts:
-        logp = torch.log_softmax(stored_logits(model, ids, dtype, values)[:-1], dim=-1)
-        nll -= logp.gather(1, torch.tensor(ids[1:])[:, None]).sum().item()
-        count += len(ids) - 1
-    return {"top1_agreement": statistics.mean(agree), "perplexity": float(torch.tensor(nll / count).exp())}
+    agree = [top1_agreement(reference, model, p, a, attention) for p, a in zip(prompts, answers)]
+    return {"top1_agreement": statistics.mean(agree), "perplexity": perplexity(model, texts, attention)}
 
 
 def engine_for(loaded, kv: str, quantization, num_blocks: int = 2048, **kw) -> Engine:
@@ -166,7 +147,8 @@ def run(args: argparse.Namespace) -> dict:
         got = want if name == "float32" else greedy_answers(fp32, kv, quantization, prompts)
         firsts = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(got, want)]
         row = {"name": name.replace(" + ", "-").replace(" ", "-"), "variant": name, "kv_cache_dtype": kv,
-               "quantization": quantization, **quality(reference, model, dtype, prompts, want, texts),
+               "quantization": quantization,
+               **quality(reference, model, StoredKVAttention((dtype, 0), (dtype, 0)), prompts, want, texts),
                "greedy_identical": sum(f is None for f in firsts), "greedy_prompts": len(prompts),
                "first_divergence": [f for f in firsts if f is not None],
                "bytes_per_token": pool_bytes_per_token(fp32.model.config, dtype),
@@ -181,7 +163,7 @@ def run(args: argparse.Namespace) -> dict:
         rows.append(row)
     for name, (keys, values) in ABLATIONS.items() if args.ablations else ():
         rows.append({"name": name.replace(", ", "-").replace(" ", "-"), "variant": name, "ablation": True,
-                     **quality(reference, reference, keys, prompts, want, texts, values)})
+                     **quality(reference, reference, StoredKVAttention(keys, values), prompts, want, texts)})
     base = rows[0] if rows[0]["variant"] == "float32" else None
     for row in rows:
         if base:

@@ -90,8 +90,6 @@ def move_accepted_kv(cache: PagedKVCache, table: list[int], start: int, path: li
     slot = lambda p: table[p // bs] * bs + p % bs  # noqa: E731
     src = torch.tensor([slot(a) for a, _ in moves], device=cache.k.device)
     dst = torch.tensor([slot(b) for _, b in moves], device=cache.k.device)
-    for pool in (cache.k, cache.v, cache.k_scale, cache.v_scale):  # a quantized pool's scales move too
-        if pool is None:
-            continue
+    for pool in cache.tensors():  # K and V, and a quantized pool's scales
         flat = pool.view(pool.shape[0], -1, *pool.shape[3:])  # [layers, slots, kv heads(, d)]
         flat[:, dst] = flat[:, src]

@@ -41,7 +41,12 @@ class PagedKVCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None)
+        return sum(t.nbytes for t in self.tensors())
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor a block lives in, [layers, num_blocks, block_size, ...]: K and V, then a
+        quantized pool's scales. Whatever moves or copies a block moves all of them."""
+        return (self.k, self.v) + ((self.k_scale, self.v_scale) if self.quantized else ())
 
     def pools(self, layer: int):
         """The layer's K and V pools, [num_blocks, block_size, Hkv, D]: tensors, or QuantizedPools
@@ -63,9 +68,8 @@ class PagedKVCache:
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks, every layer (for BlockManager.fork)."""
         for src, dst in pairs:
-            for t in (self.k, self.v, self.k_scale, self.v_scale):
-                if t is not None:
-                    t[:, dst] = t[:, src]
+            for t in self.tensors():
+                t[:, dst] = t[:, src]
 
 
 @dataclass

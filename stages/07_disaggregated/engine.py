@@ -32,7 +32,7 @@ from course.s04_continuous_batching.engine import EngineConfig, LLMEngine, Queue
 from course.s04_continuous_batching.request import Request, Status
 
 from .holding_scheduler import HoldingScheduler
-from .kv_connector import KVConnector, KVLayout, LayerBlocks, pool_tensors
+from .kv_connector import KVConnector, KVLayout, LayerBlocks
 
 
 @dataclass
@@ -227,7 +227,7 @@ class DisaggEngine(LLMEngine):
             slots = PagedAttentionMetadata.build([(start, n_prompt - start, table)], bs, self.model.device).slot_mapping
             device = self.cache.k.device  # blocks may arrive in host memory
             for layer, parts in enumerate(layers):  # K and V (and a quantized pool's scales), as sent
-                for pool, part in zip(pool_tensors(self.cache), parts):
+                for pool, part in zip(self.cache.tensors(), parts):
                     pool[layer].view(-1, *part.shape[2:])[slots] = part.flatten(0, 1)[:n_prompt - start].to(device)
         self.num_loaded_blocks += len(layers[0][0]) if layers else 0
         req.num_computed_tokens = n_prompt

@@ -73,16 +73,10 @@ class KVLayout:
         return asdict(self)
 
 
-def pool_tensors(cache: PagedKVCache) -> tuple[torch.Tensor, ...]:
-    """The pool's tensors a block lives in, [layers, num_blocks, ...] each: K and V, and a quantized
-    pool's scales."""
-    return (cache.k, cache.v) + ((cache.k_scale, cache.v_scale) if cache.quantized else ())
-
-
 def read_blocks(cache: PagedKVCache, block_ids: list[int]) -> LayerBlocks:
     """Copies of `block_ids` from every layer of the pool (a snapshot: the pool may change later)."""
     index = torch.tensor(block_ids, dtype=torch.long, device=cache.k.device)
-    return [tuple(t[layer, index] for t in pool_tensors(cache)) for layer in range(cache.k.shape[0])]
+    return [tuple(t[layer, index] for t in cache.tensors()) for layer in range(cache.k.shape[0])]
 
 
 def done_future(result=None, error: Exception | None = None) -> Future:

@@ -20,7 +20,7 @@ from course.s03_paged.paged_attention import PagedKVCache
 from course.s04_continuous_batching.engine import EngineConfig
 
 from .engine import DisaggEngine
-from .kv_connector import KVLayout, KVTransferError, pool_tensors
+from .kv_connector import KVLayout, KVTransferError
 from .p2p import P2PConnector
 
 NUM_BLOCKS, BLOCK_SIZE = 12, 4
@@ -93,7 +93,7 @@ def prompt_kv(engine: DisaggEngine, table: list[int], n: int):
     """A sequence's K/V (a quantized pool: codes, then scales) for its first n positions, read
     through its block table."""
     t = torch.tensor(table)
-    return tuple(x[:, t].flatten(1, 2)[:, :n].clone() for x in pool_tensors(engine.cache))
+    return tuple(x[:, t].flatten(1, 2)[:, :n].clone() for x in engine.cache.tensors())
 
 
 def engine_producer(connector, results, handoff, timeout_s: float = 60.0) -> None:

@@ -160,7 +160,7 @@ class LayerCalls:
         self.m, self.hidden, self.inter, self.weights = m, c.hidden_size, c.intermediate_size, kernels.weights
         pools = kernels.backend.cache  # each layer's K/V pool by address: base + layer * stride (a select per layer costs ~4 us)
         self.block_size, self.num_blocks, self.kv_kind = pools.block_size, pools.k.shape[1], KV_KINDS[pools.k.dtype]
-        parts = (pools.k, pools.v) + ((pools.k_scale, pools.v_scale) if pools.quantized else ())
+        parts = pools.tensors()
         assert all(t.is_contiguous() for t in parts)
         # (base address, bytes per layer) of the K and V pools and, quantized, their scales
         self.bases = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in parts] + [(None, 0)] * (4 - len(parts))

@@ -15,26 +15,28 @@ from course.s01_decode_loop.attention import FullCausalAttention, AttentionMetad
 
 
 @torch.no_grad()
-def all_logits(model, token_ids: list[int]) -> torch.Tensor:
-    """[T, vocab] float32: the logits after every prefix of `token_ids`, one full forward."""
+def all_logits(model, token_ids: list[int], attention=None) -> torch.Tensor:
+    """[T, vocab] float32: the logits after every prefix of `token_ids`, one full forward
+    (through `attention`, a full causal attention backend; default stage 01's)."""
     ids = torch.tensor(token_ids, dtype=torch.long, device=model.device)
     meta = AttentionMetadata.for_full_sequences([len(token_ids)], model.device)
-    return model.compute_logits(model(ids, FullCausalAttention(), meta)).float()
+    return model.compute_logits(model(ids, attention or FullCausalAttention(), meta)).float()
 
 
-def top1_agreement(reference, other, prompt: list[int], continuation: list[int]) -> float:
-    """Share of the continuation's positions where `other` predicts what `reference` does."""
+def top1_agreement(reference, other, prompt: list[int], continuation: list[int], attention=None) -> float:
+    """Share of the continuation's positions where `other` (through `attention`) predicts what
+    `reference` does."""
     ids = prompt + continuation
     rows = slice(len(prompt) - 1, len(ids) - 1)  # the rows that predict each continuation token
     want = all_logits(reference, ids)[rows].argmax(-1)
-    got = all_logits(other, ids)[rows].argmax(-1)
+    got = all_logits(other, ids, attention)[rows].argmax(-1)
     return (want == got).float().mean().item()
 
 
-def perplexity(model, texts: list[list[int]]) -> float:
+def perplexity(model, texts: list[list[int]], attention=None) -> float:
     nll, count = 0.0, 0
     for ids in texts:
-        logp = torch.log_softmax(all_logits(model, ids)[:-1], dim=-1)
+        logp = torch.log_softmax(all_logits(model, ids, attention)[:-1], dim=-1)
         nll -= logp.gather(1, torch.tensor(ids[1:], device=logp.device)[:, None]).sum().item()
         count += len(ids) - 1
     return math.exp(nll / count)

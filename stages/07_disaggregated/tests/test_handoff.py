@@ -171,8 +171,6 @@ def test_handoff_kv_received_equals_kv_computed_bitwise(pair):
 def test_a_quantized_pool_hands_over_its_codes_and_scales(tmp_path, byte_tok, kv_cache_dtype):
     """Both workers store int8 (or fp8) K/V: the blocks travel as codes and scales, bitwise, and the
     decode side computes what a unified engine with the same pool computes."""
-    from course.s07_disaggregated.kv_connector import pool_tensors
-
     model = tiny_model("mqa_odd_heads")
     config = EngineConfig(num_blocks=NUM_BLOCKS, block_size=BLOCK, max_num_batched_tokens=32,
                           kv_cache_dtype=kv_cache_dtype)
@@ -180,12 +178,12 @@ def test_a_quantized_pool_hands_over_its_codes_and_scales(tmp_path, byte_tok, kv
                                     disagg=DisaggConfig(lease_s=60)) for _ in range(2))
     prompts, params = random_prompts([19, 26], seed=7), [greedy(6)] * 2
     transfers = run_prefill(prefill, prompts, params)
-    sent = [[t[:, prefill.held_blocks(x["transfer_id"])] for t in pool_tensors(prefill.cache)] for x in transfers]
+    sent = [[t[:, prefill.held_blocks(x["transfer_id"])] for t in prefill.cache.tensors()] for x in transfers]
     ids = [decode.add_transferred_request(p, sp, t) for p, sp, t in zip(prompts, params, transfers)]
     decode.service_kv()  # the loads complete: the blocks are in the consumer's pool
     for rid, prompt, blocks in zip(ids, prompts, sent):
         table = decode.blocks.tables[rid][:len(prompt) // BLOCK]  # the full blocks: nothing decodes into them
-        got = [t[:, table] for t in pool_tensors(decode.cache)]
+        got = [t[:, table] for t in decode.cache.tensors()]
         assert len(got) == 4 and all(torch.equal(a[:, :len(table)], b) for a, b in zip(blocks, got))
     step_to_end(decode, ids)
     decode.service_kv()
