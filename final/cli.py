@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import human
@@ -16,7 +17,7 @@ from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, json_schema_to_grammar
 from course.s08_structured.serving.closing import CloseOnBudget
 
-from . import compat, dashboard, harness, tools
+from . import compat, dashboard, harness, reasoning, responses_api, tools
 from .async_engine import AsyncEngine
 from .engine import METHODS, Engine, SpeculativeConfig
 from .launch.kernel_defaults import describe as describe_kernels
@@ -55,16 +56,23 @@ def plug_in_json_schema(app, server) -> None:
     server.grammars.narrow = CloseOnBudget()
 
 
-def plugins(door: Door | None = None, dashboard_routes: bool = True) -> list:
-    """Every room's plug-in of the full server; the door last, so its key check is the outermost."""
-    return [plug_in_json_schema, tools.plug_in, harness.plug_in, compat.plug_in] + [dashboard.plug_in] * dashboard_routes + \
-        [guard(door)]
+def plugins(door: Door | None = None, dashboard_routes: bool = True, reasoning_parser: str = "auto",
+            responses_store_size: int = responses_api.STORE_SIZE) -> list:
+    """Every room's plug-in of the full server; the door last, so its key check is the outermost.
+    reasoning/ comes after tools/ and harness/: it splits the answer they shape and wraps the chat
+    answer they take over."""
+    return [plug_in_json_schema, tools.plug_in, harness.plug_in, compat.plug_in,
+            reasoning.plug_in_for(reasoning_parser),
+            partial(responses_api.plug_in, store_size=responses_store_size)] + \
+        [dashboard.plug_in] * dashboard_routes + [guard(door)]
 
 
 def assemble_app(engine, tokenizer, model_name: str, limits: ServerLimits | None = None, door: Door | None = None,
-                 dashboard_routes: bool = True):
+                 dashboard_routes: bool = True, reasoning_parser: str = "auto",
+                 responses_store_size: int = responses_api.STORE_SIZE):
     """The full server's app over `engine` (the tests' live servers are this one too)."""
-    return build_app(engine, tokenizer, model_name, limits, plugins(door, dashboard_routes))
+    return build_app(engine, tokenizer, model_name, limits, plugins(door, dashboard_routes, reasoning_parser,
+                                                                    responses_store_size))
 
 
 def ready_to_serve(app) -> None:
@@ -125,7 +133,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     name = args.served_model_name or (args.model or "SmolLM2-135M-Instruct")
     engine = AsyncEngine(llm, ServerMetrics(name))
     limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-    return engine, assemble_app(engine, loaded.tokenizer, name, limits, door_from_args(args), not args.no_dashboard)
+    return engine, assemble_app(engine, loaded.tokenizer, name, limits, door_from_args(args), not args.no_dashboard,
+                                getattr(args, "reasoning_parser", "auto"), args.responses_store_size)
 
 
 def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -183,10 +192,12 @@ def make_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sc.add_argument("--mlfq-starvation", type=float,
                     help="seconds unserved before a request returns to level 0 (default: 100 x the last quantum)")
     s.add_argument("--chat-template", help="a Jinja file to use instead of the model's chat template (tools/render.py)")
+    reasoning.add_args(s)
     s.add_argument("--max-request-bytes", default="2MiB", help="larger request bodies get 413")
     s.add_argument("--grammar-timeout", type=float, default=20.0,
                    help="seconds a response_format schema may take to compile (then 400)")
     add_door_args(s)
+    responses_api.add_args(s)
     s.add_argument("--no-dashboard", action="store_true", help="no /dashboard, /dashboard/events, /v1/engine/state")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM/Ctrl-C, seconds requests in flight get to finish before they are stopped")
@@ -216,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.disaggregated:
-        return serve_disaggregated(args, assemble_app)
+        return serve_disaggregated(args, partial(assemble_app, responses_store_size=args.responses_store_size))
     try:
         engine, app = build_server(args, tp=tp)
     except (ValueError, ModelLoadError) as e:

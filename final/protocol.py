@@ -204,3 +204,7 @@ class ChatRequest(_Common):
     def chat_prompt(self, tokenizer) -> tuple[list[dict], list[dict] | None]:
         """(messages, tools) for the chat template: each turn's role and text, no tools."""
         return [m.for_template() for m in self.messages], None
+
+    def template_kwargs(self) -> dict:
+        """More variables for the chat template (reasoning/' chat_template_kwargs)."""
+        return {}

@@ -90,9 +90,9 @@ class Server:
     async def off_loop(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.text_pool, fn, *args)
 
-    def chat_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def chat_ids(self, messages: list[dict], tools: list[dict] | None, template_kwargs: dict | None = None) -> list[int]:
         rendered = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                      add_generation_prompt=True)
+                                                      add_generation_prompt=True, **(template_kwargs or {}))
         return self.tokenizer(rendered, add_special_tokens=False).input_ids
 
     async def complete(self, body) -> Response:
@@ -108,7 +108,7 @@ class Server:
         messages, tools = body.chat_prompt(self.tokenizer)  # each turn's role and text (and tools/' tools)
         self.check_length(sum(len(m["content"]) for m in messages) + len(str(tools or "")))
         try:
-            ids = await self.off_loop(self.chat_ids, messages, tools)
+            ids = await self.off_loop(self.chat_ids, messages, tools, body.template_kwargs())
         except TemplateError as e:  # the model's template refuses these messages
             raise ValueError(f"the chat template refused these messages: {e}") from e
         max_tokens = body.max_completion_tokens or body.max_tokens or max(1, self.max_len - len(ids))

@@ -64,7 +64,8 @@ def is_strict(response_format) -> bool:
 
 def warning_headers(processors) -> dict[str, str]:
     """The response header that lists what best-effort mode did not enforce ({} if nothing)."""
-    warnings = processors[0].compiled.grammar.warnings if processors else ()
+    compiled = processors[0].compiled if processors else None  # None: a thinking budget alone (reasoning/)
+    warnings = compiled.grammar.warnings if compiled is not None else ()
     return {WARNINGS_HEADER: json.dumps([w.to_json() for w in warnings])} if warnings else {}
 
 

@@ -3,8 +3,11 @@ implemented, what cannot be honoured is refused by name, what changes nothing he
 and named back.
 
     logit_bias          token id -> -100..100 added to its logit (a logits processor, LogitBias)
-    store, metadata, service_tier, prompt_cache_key, safety_identifier, verbosity,
-    reasoning_effort    accepted; the `x-ignored-fields` response header names them
+    store, metadata, service_tier, prompt_cache_key, prompt_cache_retention, prompt_cache_options,
+    safety_identifier, verbosity, reasoning_effort (without a reasoning parser: reasoning/)
+                        accepted; the `x-ignored-fields` response header names them
+    modalities          ["text"]; audio refused
+    audio, prediction, web_search_options, moderation   refused, each a 400 that says why
     functions, function_call   the legacy form of tools: a 400 that says to send tools
     null                `"n": null`, `"temperature": null`, ...: the default, as OpenAI reads it
 

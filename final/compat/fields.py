@@ -9,7 +9,13 @@ from ..protocol import IGNORED_HEADER  # noqa: F401 - compat/ names it too
 
 MAX_LOGIT_BIAS = 300  # tokens one logit_bias may name
 IGNORED_FIELDS = ("store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier", "verbosity",
-                  "reasoning_effort")
+                  "reasoning_effort", "prompt_cache_retention", "prompt_cache_options")
+# What this server cannot do, refused by name with why (a 400 naming the field).
+REFUSED = {"audio": "audio output is not supported: this server writes text",
+           "prediction": "predicted outputs are not supported (the server drafts its own tokens with "
+                         "--speculative-method lookup or eagle)",
+           "web_search_options": "web search is not available: this server has no tools of its own",
+           "moderation": "moderation is not available on this server"}
 
 
 class LogitBias:
@@ -35,8 +41,15 @@ class ClientFields(BaseModel):
     safety_identifier: str | None = None
     verbosity: str | None = None
     reasoning_effort: str | None = None
+    prompt_cache_retention: str | None = None      # prefix caching is automatic here
+    prompt_cache_options: dict | None = None
     functions: list | None = None                  # the legacy form of tools: refused by name
     function_call: str | dict | None = None
+    modalities: list[str] | None = None            # ["text"] only
+    audio: dict | None = None                      # REFUSED: each a 400 that says why
+    prediction: dict | None = None
+    web_search_options: dict | None = None
+    moderation: dict | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -53,6 +66,20 @@ class ClientFields(BaseModel):
         if value is not None:
             raise ValueError("functions and function_call are the deprecated form of tools: send `tools` and "
                              "`tool_choice` instead")
+        return value
+
+    @field_validator(*REFUSED)
+    @classmethod
+    def _not_here(cls, value, info):
+        if value is not None:
+            raise ValueError(REFUSED[info.field_name])
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value):
+        if value is not None and set(value) - {"text"}:
+            raise ValueError(f"this server writes text only, not {sorted(set(value) - {'text'})}")
         return value
 
     @field_validator("logit_bias")

@@ -133,8 +133,8 @@ class RemoteEngine(EngineClient):
             return (f"priority={request.priority} is not supported by the disaggregated server (--disaggregated): "
                     "its workers schedule first come, first served")
         if request.constrained or request.grammars:
-            return ("response_format and tool calls (tool_choice other than none) are not supported by the "
-                    "disaggregated server (--disaggregated)")
+            return ("response_format, tool calls (tool_choice other than none) and thinking_token_budget are not "
+                    "supported by the disaggregated server (--disaggregated)")
         if any(p.logits_processors for p in request.params):
             return "logit_bias is not supported by the disaggregated server (--disaggregated)"
         if any(p.logprobs is not None or getattr(p, "prompt_logprobs", None) is not None for p in request.params):
@@ -308,7 +308,8 @@ def serve_disaggregated(args: argparse.Namespace, assemble_app) -> int:
                                   WorkerSizes(tokenizer, eos, max_len, blocks, args.block_size),
                                   ServerMetrics(name), max_in_flight=args.max_waiting)
             limits = ServerLimits(max_request_bytes=max_request_bytes, grammar_timeout_s=args.grammar_timeout)
-            app = assemble_app(engine, tokenizer, name, limits, door, not args.no_dashboard)
+            app = assemble_app(engine, tokenizer, name, limits, door, not args.no_dashboard,
+                               getattr(args, "reasoning_parser", "auto"))
             signal.signal(signal.SIGTERM, previous)  # uvicorn installs its own (a drain) from here
             freeze_startup_heap()  # no schema compiles here (the workers refuse response_format)
             try:

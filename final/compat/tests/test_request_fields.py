@@ -43,7 +43,8 @@ def test_a_bad_logit_bias_is_a_400_naming_it(server, bias, where):
 
 def test_harmless_fields_are_accepted_and_named_back(server):
     sent = {"store": False, "metadata": {"run": "7"}, "service_tier": "auto", "prompt_cache_key": "k",
-            "safety_identifier": "u1", "verbosity": "low", "reasoning_effort": "low"}
+            "safety_identifier": "u1", "verbosity": "low", "reasoning_effort": "low", "prompt_cache_retention": "24h",
+            "prompt_cache_options": {}}
     assert set(sent) == set(IGNORED_FIELDS)
     plain, with_them = chat(server[0]), chat(server[0], **sent)
     assert with_them.status_code == 200 and IGNORED_HEADER not in plain.headers
@@ -71,3 +72,45 @@ def test_every_400_names_its_field(server):
     assert err["param"] == "temperature"
     err = chat(server[0], messages=[{"role": "robot", "content": "x"}]).json()["error"]
     assert err["param"].startswith("messages.0")
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+SAMPLES = {  # a value of each field of the openai client's chat request, as a client sends it
+    "audio": {"voice": "alloy", "format": "wav"}, "frequency_penalty": 0.5, "function_call": "auto",
+    "functions": [{"name": "f", "parameters": {}}], "logit_bias": {"65": 5}, "logprobs": True,
+    "max_completion_tokens": 4, "max_tokens": 4, "metadata": {"team": "a"}, "modalities": ["text"],
+    "model": "tiny", "moderation": {"model": "omni"}, "n": 2, "parallel_tool_calls": False,
+    "prediction": {"type": "content", "content": "x"}, "presence_penalty": 0.5, "prompt_cache_key": "k",
+    "prompt_cache_options": {}, "prompt_cache_retention": "24h", "reasoning_effort": "low",
+    "response_format": {"type": "json_object"}, "safety_identifier": "s", "seed": 1, "service_tier": "auto",
+    "stop": ["x"], "store": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.5,
+    "tool_choice": "none", "tools": [TOOL], "top_logprobs": 2, "top_p": 0.9, "user": "u", "verbosity": "low",
+    "web_search_options": {}, "messages": [{"role": "user", "content": "hi"}]}
+NEEDS = {"stream_options": {"stream": True}, "top_logprobs": {"logprobs": True}, "tool_choice": {"tools": [TOOL]}}
+
+
+def field_table() -> dict[str, str]:
+    """final/compat/README.md's table: field -> its verdict (implemented, accepted, ignored, refused)."""
+    from pathlib import Path
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| `")]
+    return {cells[1].strip().strip("`"): cells[2].strip().split(":")[0].split(";")[0] for cells in rows}
+
+
+def test_the_table_names_every_field_of_the_openai_chat_request():
+    from openai.types.chat import completion_create_params
+    fields = set(completion_create_params.CompletionCreateParamsBase.__annotations__) | {"stream"}
+    assert fields == set(field_table()) == set(SAMPLES)
+
+
+@pytest.mark.parametrize("field", sorted(SAMPLES))
+def test_each_field_of_the_table_is_answered_as_it_says(server, field):
+    verdict = field_table()[field]
+    r = chat(server[0], **NEEDS.get(field, {}), **{field: SAMPLES[field]})
+    if verdict == "refused":
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == field, r.text
+        return
+    assert r.status_code == 200, r.text
+    ignored = r.headers.get(IGNORED_HEADER, "").split(", ")
+    assert (field in ignored) == (verdict == "ignored"), (field, verdict, ignored)
