@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .config_keys import refuse_unimplemented
 from .moe.config import MoeFields, moe_fields, moe_hf_fields
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
@@ -81,8 +82,7 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise ValueError(f"model_type {model_type!r} is not a Llama-family model we implement; "
                              f"supported: {SUPPORTED_MODEL_TYPES}")
-        if d.get("use_sliding_window"):
-            raise ValueError(f"this {model_type} config turns on sliding-window attention, which we do not implement")
+        refuse_unimplemented(d)  # every key is read here, inert, or refused by name: config_keys.py
         max_len = d.get("max_position_embeddings", 2048)
         window = d.get("sliding_window") if model_type in ("mistral", "mixtral") else None  # Qwen's needs the flag
         if window is not None and window >= max_len:
@@ -109,7 +109,7 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
             max_position_embeddings=max_len if window is None else window,
             sliding_window=window,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", False)),
+            qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", model_type == "qwen2_moe")),
             o_bias=attention_bias,
             mlp_bias=bool(d.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
@@ -138,7 +138,7 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
             "hidden_act": "silu",
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": self.rope_scaling,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,  # a copy: transformers edits it
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "mlp_bias": self.mlp_bias,
