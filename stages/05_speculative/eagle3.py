@@ -25,8 +25,6 @@ because the two differences sit behind the head's `input_features` (fuse the tap
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
