@@ -7,10 +7,10 @@
  * makes one call per layer. The products are this file's register-blocked kernel (each
  * thread streams its share of the weight rows once, four rows at a time, past which the
  * activation rows go four at a time), or MKL's sgemm for float32 steps of many rows; int8
- * weights (int8_linear.py's) go to int8.c's integer version where the CPU has VNNI, else
- * are widened to float in registers here. The rest is ops.c and attention.c, included
+ * weights (int8_linear.py's) go to int8.c's integer version where the CPU has VNNI or is an
+ * AVX2-only one, else are widened to float in registers here. The rest is ops.c and attention.c, included
  * below, so the layer computes what the per-op path computes, up to the order of its sums
- * (and, with int8 on VNNI, the rounding of activations to int16).
+ * (and, with int8 on VNNI or AVX2, the rounding of activations to int16).
  *
  * Compiled with -ffast-math, as attention.c needs (vectorized exp).
  */
@@ -52,7 +52,10 @@ static inline float weight_at(const void *row, int int8, int64_t i)
     return int8 ? (float)((const int8_t *)row)[i] : ((const float *)row)[i];
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+/* -DPLAIN_LOOPS: the plain-C loops below on any CPU (what a compiler makes of them alone; a
+ * benchmark's baseline) */
+#if defined(PLAIN_LOOPS)
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VECTOR_DOT 1
 /* 16 floats from x[i] on (mask: those that exist). */
 static inline __m512 floats16(const float *x, int64_t i, __mmask16 mask)
@@ -67,6 +70,23 @@ static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 m
     const int8_t *q = (const int8_t *)row + i;
     const __m128i bytes = mask == (__mmask16)0xFFFF ? _mm_loadu_si128((const __m128i *)q) : _mm_maskz_loadu_epi8(mask, q);
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VECTOR_DOT 1
+#define DOT_AVX2 1  /* the Zen 3 hosts' instructions: 8 floats a vector, 16 vector registers */
+
+/* 8 weights of a row from `i` on, as floats (int8 ones widened in registers). */
+static inline __m256 weights8(const void *row, int int8, int64_t i)
+{
+    if (!int8) return _mm256_loadu_ps((const float *)row + i);
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((const int8_t *)row + i))));
+}
+
+static inline float sum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #endif
 
@@ -84,7 +104,7 @@ static inline __m512 weights16(const void *row, int int8, int64_t i, __mmask16 m
  * compiler keeps the sums in registers; whole vectors use plain loads, since a masked load
  * costs an extra uop (the masked loop was 1.3x slower). */
 
-#ifdef VECTOR_DOT
+#if defined(VECTOR_DOT) && !defined(DOT_AVX2)
 static inline __attribute__((always_inline)) void dot_block(const float *x, const char *w, int64_t stride,
                                                             const int int8, int64_t k, float *y, int64_t ldy,
                                                             const int rw, const int rx, int first)
@@ -125,6 +145,53 @@ static inline __attribute__((always_inline)) void dot_block(const float *x, cons
         for (int c = 0; c < rw; c++) y[r * ldy + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
+#elif defined(DOT_AVX2)
+/* dot_block for AVX2, on at most two activation rows: a 4 x 2 block of sums (8 registers), its
+ * 4 weight vectors and a row's fit AVX2's 16 (4 x 4 would spill); the last k % 8 one by one. */
+static inline __attribute__((always_inline)) void dot_pair(const float *x, const char *w, int64_t stride,
+                                                           const int int8, int64_t k, float *y, int64_t ldy,
+                                                           const int rw, const int rx, int first)
+{
+    __m256 acc[WROWS][2], wv[WROWS];
+    #pragma GCC unroll 4
+    for (int c = 0; c < rw; c++)
+        #pragma GCC unroll 2
+        for (int r = 0; r < rx; r++) acc[c][r] = _mm256_setzero_ps();
+    const int64_t whole = k & ~(int64_t)7;
+    for (int64_t i = 0; i < whole; i += 8) {
+        if (first && (i * (int8 ? 1 : 4) & 63) == 0)  /* the weights' first pass: rows two blocks on, on their way */
+            #pragma GCC unroll 4
+            for (int c = 0; c < rw; c++)
+                _mm_prefetch(w + (PREFETCH_BLOCKS * WROWS + c) * stride + i * (int8 ? 1 : 4), _MM_HINT_T0);
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) wv[c] = weights8(w + c * stride, int8, i);
+        #pragma GCC unroll 2
+        for (int r = 0; r < rx; r++) {
+            const __m256 xv = _mm256_loadu_ps(x + r * k + i);
+            #pragma GCC unroll 4
+            for (int c = 0; c < rw; c++) acc[c][r] = _mm256_fmadd_ps(xv, wv[c], acc[c][r]);
+        }
+    }
+    #pragma GCC unroll 2
+    for (int r = 0; r < rx; r++)
+        #pragma GCC unroll 4
+        for (int c = 0; c < rw; c++) {
+            float sum = sum8(acc[c][r]);
+            for (int64_t i = whole; i < k; i++) sum += x[r * k + i] * weight_at(w + c * stride, int8, i);
+            y[r * ldy + c] = sum;
+        }
+}
+
+static inline __attribute__((always_inline)) void dot_block(const float *x, const char *w, int64_t stride,
+                                                            const int int8, int64_t k, float *y, int64_t ldy,
+                                                            const int rw, const int rx, int first)
+{
+    dot_pair(x, w, stride, int8, k, y, ldy, rw, rx < 2 ? rx : 2, first);
+    if (rx > 2) dot_pair(x + 2 * k, w, stride, int8, k, y + 2 * ldy, ldy, rw, rx - 2, 0);
+}
+#endif
+
+#ifdef VECTOR_DOT
 /* dot_block with int8, rw (WROWS, or 1 for the last n % WROWS weight rows) and rx (1..XROWS)
  * as compile-time constants: one copy of the loop per case. */
 static void dot_block_any(const float *x, const char *w, int64_t stride, int int8, int64_t k, float *y, int64_t ldy,
@@ -160,9 +227,9 @@ static void dot_block_any(const float *x, const char *w, int64_t stride, int int
 static inline void product_block(const float *x, const int16_t *xq, int64_t k_padded, const char *w, int64_t stride,
                                  int int8, int64_t k, float *y, int64_t ldy, int rw, int rx, int first)
 {
-#ifdef INT8_VNNI
+#ifdef INT16_ROWS
     if (xq) {
-        dot_block_vnni_any(xq, k_padded, (const int8_t *)w, k, y, ldy, rw, rx, first);
+        dot_block_int16_any(xq, k_padded, (const int8_t *)w, k, y, ldy, rw, rx, first);
         return;
     }
 #endif
@@ -184,10 +251,10 @@ static void product(const float *x, const void *w, const float *scale, float *y,
         return;
     }
     const int int8 = scale != NULL;
-    const int16_t *xq = NULL;  /* int8 weights on VNNI: the rows rounded to int16, with their scales */
+    const int16_t *xq = NULL;  /* int8 weights on VNNI or AVX2: the rows rounded to int16, with their scales */
     const float *rscale = NULL;
     int64_t k_padded = 0;
-#ifdef INT8_VNNI
+#ifdef INT16_ROWS
     if (int8 && int16_rows(x, m, k, &xq, &rscale, &k_padded) != 0) xq = NULL;  /* no buffer: widen to float */
 #endif
     const int64_t stride = int8 ? k : k * (int64_t)sizeof(float), row_blocks = (m + XROWS - 1) / XROWS;

@@ -262,21 +262,52 @@ def test_default_model_one_call_layers_give_the_same_greedy_tokens(smollm2):
     assert outputs[0] == outputs[1]
 
 
-def test_the_portable_c_without_avx512_computes_the_same_products():
-    """Machines without AVX-512 (most laptops) compile the plain-C loops instead: same results."""
+def products_built_with(flags: list[str]):
+    """product_f32 and product_i8_f32 of layer.c compiled with `flags` added, as torch functions."""
     import ctypes
 
     from course.s06_kernels_graphs.cpu import native
-    lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + ["-mno-avx512f"])
-    g = torch.Generator().manual_seed(5)
-    x, w = torch.randn(7, 37, generator=g), torch.randn(10, 37, generator=g)  # two row blocks, a weight tail
-    q, scale = quantize_rows(w)
-    out, out8 = torch.empty(7, 10), torch.empty(7, 10)
+    lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + flags)
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.product_f32.argtypes = [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
     lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.product_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), 7, 10, 37, 2)
-    lib.product_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out8.data_ptr(), 7, 10, 37, 2)
-    torch.testing.assert_close(out, (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(out8, (x.double() @ (q.double() * scale.double()[:, None]).T).float(),
+
+    def f32(x, w):
+        out = torch.empty(x.shape[0], w.shape[0])
+        lib.product_f32(x.data_ptr(), w.data_ptr(), out.data_ptr(), *x.shape[:1], w.shape[0], x.shape[1], 2)
+        return out
+
+    def i8(x, q, scale):
+        out = torch.empty(x.shape[0], q.shape[0])
+        lib.product_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out.data_ptr(), x.shape[0], q.shape[0],
+                           x.shape[1], 2)
+        return out
+    return f32, i8
+
+
+def test_the_portable_c_without_vector_units_computes_the_same_products():
+    """Machines with neither AVX-512 nor AVX2 compile the plain-C loops instead (-DPLAIN_LOOPS
+    builds them anywhere): same results."""
+    f32, i8 = products_built_with(["-DPLAIN_LOOPS"])
+    g = torch.Generator().manual_seed(5)
+    x, w = torch.randn(7, 37, generator=g), torch.randn(10, 37, generator=g)  # two row blocks, a weight tail
+    q, scale = quantize_rows(w)
+    torch.testing.assert_close(f32(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(i8(x, q, scale), (x.double() @ (q.double() * scale.double()[:, None]).T).float(),
                                atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 10])
+@pytest.mark.parametrize("n, k", [(12, 20), (7, 33), (960, 576), (5, 1536), (9, 16)])  # k off and on 8 and 16
+def test_the_avx2_path_computes_the_same_products(m, n, k):
+    """The Zen 3 hosts' build (-march=haswell: AVX2 + FMA): float products in 8-wide blocks equal
+    the matmul; int8 ones are vpmaddwd's exact integer sums on the rows rounded to int16, the
+    same arithmetic as the VNNI path."""
+    f32, i8 = products_built_with(["-march=haswell"])
+    g = torch.Generator().manual_seed(m * n + k)
+    x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
+    torch.testing.assert_close(f32(x, w), (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-5)
+    q, scale = quantize_rows(w)
+    xq, rscale = int16_rows(x)
+    exact = (xq.double() @ q.double().T) * rscale.double()[:, None] * scale.double()[None, :]
+    torch.testing.assert_close(i8(x, q, scale), exact.float(), atol=1e-5, rtol=1e-5)
