@@ -74,9 +74,9 @@ static inline __m512i weights32(const int8_t *row, int64_t i, int64_t k)
  * times rx rows of xq (k_padded apart), int32 sums; writes the raw sums as floats. On the
  * first pass over a weight block (`first`) it prefetches the block two ahead: an int8 row of
  * 576 bytes is too short a stream for the hardware prefetcher to catch (1.4x at one row). */
-static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *xq, int64_t k_padded,
-                                                                 const int8_t *w, int64_t k, float *y, int64_t ldy,
-                                                                 const int rw, const int rx, int first)
+static inline __attribute__((always_inline)) void dot_block_int16(const int16_t *xq, int64_t k_padded,
+                                                                  const int8_t *w, int64_t k, float *y, int64_t ldy,
+                                                                  const int rw, const int rx, int first)
 {
     __m512i acc[WROWS][XROWS], wv[WROWS];
     #pragma GCC unroll 4
@@ -111,18 +111,6 @@ static inline __attribute__((always_inline)) void dot_block_vnni(const int16_t *
         for (int c = 0; c < rw; c++) y[r * ldy + c] = (float)_mm512_reduce_add_epi32(acc[c][r]);
 }
 
-static void dot_block_int16_any(const int16_t *xq, int64_t k_padded, const int8_t *w, int64_t k, float *y,
-                               int64_t ldy, int rw, int rx, int first)
-{
-#define VNNI_CASE(RW, RX) case RX: dot_block_vnni(xq, k_padded, w, k, y, ldy, RW, RX, first); return;
-    if (rw == WROWS) {
-        switch (rx) { VNNI_CASE(WROWS, 1) VNNI_CASE(WROWS, 2) VNNI_CASE(WROWS, 3) VNNI_CASE(WROWS, 4) }
-    } else {
-        switch (rx) { VNNI_CASE(1, 1) VNNI_CASE(1, 2) VNNI_CASE(1, 3) VNNI_CASE(1, 4) }
-    }
-#undef VNNI_CASE
-}
-
 #endif
 
 #ifdef INT8_MADD
@@ -148,7 +136,7 @@ static inline int32_t sum_epi32(__m256i v)
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
 }
 
-/* dot_block_vnni's work for AVX2, on rw weight rows and at most two rows of xq: AVX2 has 16
+/* The VNNI dot_block_int16's work for AVX2, on rw weight rows and at most two rows of xq: AVX2 has 16
  * vector registers, which hold a 4 x 2 block of sums, its 4 weight vectors and a row's; the
  * last k % 16 weights are summed one by one. */
 static inline __attribute__((always_inline)) void dot_pair_madd(const int16_t *xq, int64_t k_padded, const int8_t *w,
@@ -184,28 +172,30 @@ static inline __attribute__((always_inline)) void dot_pair_madd(const int16_t *x
         }
 }
 
-static inline __attribute__((always_inline)) void dot_block_madd(const int16_t *xq, int64_t k_padded, const int8_t *w,
-                                                                 int64_t k, float *y, int64_t ldy, const int rw,
-                                                                 const int rx, int first)
+static inline __attribute__((always_inline)) void dot_block_int16(const int16_t *xq, int64_t k_padded, const int8_t *w,
+                                                                  int64_t k, float *y, int64_t ldy, const int rw,
+                                                                  const int rx, int first)
 {
     dot_pair_madd(xq, k_padded, w, k, y, ldy, rw, rx < 2 ? rx : 2, first);
     if (rx > 2) dot_pair_madd(xq + 2 * k_padded, k_padded, w, k, y + 2 * ldy, ldy, rw, rx - 2, 0);
 }
-
-static void dot_block_int16_any(const int16_t *xq, int64_t k_padded, const int8_t *w, int64_t k, float *y,
-                                int64_t ldy, int rw, int rx, int first)
-{
-#define MADD_CASE(RW, RX) case RX: dot_block_madd(xq, k_padded, w, k, y, ldy, RW, RX, first); return;
-    if (rw == WROWS) {
-        switch (rx) { MADD_CASE(WROWS, 1) MADD_CASE(WROWS, 2) MADD_CASE(WROWS, 3) MADD_CASE(WROWS, 4) }
-    } else {
-        switch (rx) { MADD_CASE(1, 1) MADD_CASE(1, 2) MADD_CASE(1, 3) MADD_CASE(1, 4) }
-    }
-#undef MADD_CASE
-}
 #endif
 
 #ifdef INT16_ROWS
+/* dot_block_int16 with rw (WROWS, or 1 for the last n % WROWS weight rows) and rx (1..XROWS)
+ * as compile-time constants: one copy of the loop per case. */
+static void dot_block_int16_any(const int16_t *xq, int64_t k_padded, const int8_t *w, int64_t k, float *y,
+                                int64_t ldy, int rw, int rx, int first)
+{
+#define INT16_CASE(RW, RX) case RX: dot_block_int16(xq, k_padded, w, k, y, ldy, RW, RX, first); return;
+    if (rw == WROWS) {
+        switch (rx) { INT16_CASE(WROWS, 1) INT16_CASE(WROWS, 2) INT16_CASE(WROWS, 3) INT16_CASE(WROWS, 4) }
+    } else {
+        switch (rx) { INT16_CASE(1, 1) INT16_CASE(1, 2) INT16_CASE(1, 3) INT16_CASE(1, 4) }
+    }
+#undef INT16_CASE
+}
+
 /* x's m rows rounded to int16 (above): *xq (*k_padded int16s a row, zero past k) and *rscale,
  * in a per-thread buffer kept between calls. Returns 0, or -1 if that buffer could not grow
  * (product() then widens the weights to float instead). */
