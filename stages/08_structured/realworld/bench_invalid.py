@@ -2,9 +2,12 @@
 engine's mask allows, every finished document checked with jsonschema.
 
     python -m course.s08_structured.realworld.bench_invalid [--walks 64] [--results]
+    python -m course.s08_structured.realworld.bench_invalid --collection jsonschemabench --walks 16 --json F
     python -m course.s08_structured.realworld.bench_invalid --quick     # byte tokenizer (tests)
 
-The schemas: stage 08's four examples and its twelve real-world ones. For each schema and
+The schemas: stage 08's four examples and its twelve real-world ones, or (`--collection
+jsonschemabench`) the 72 sampled from JSONSchemaBench's collections (realworld/jsonschemabench/).
+Each compile gets the server's budget (a refusal is reported as the schema's error). For each schema and
 engine (ours, xgrammar, llguidance; each with its own schema converter, our spelling: ", " and
 ": ", no other whitespace), `--walks` walks: at every step a token drawn uniformly from the ones
 the engine's mask allows (a stop token, when allowed, with probability 1/2), until the engine
@@ -24,14 +27,21 @@ import numpy as np
 
 from course.s01_decode_loop.bench.measure import bench_cli
 
+COMPILE_TIMEOUT_S = 20.0  # as the server's --grammar-timeout
+
 
 def judge(text: bytes, validator, relaxed=frozenset()) -> str:
-    """'valid', 'relaxed' (breaks only keywords the compiler reported relaxing) or 'invalid'."""
+    """'valid', 'relaxed' (breaks only keywords the compiler reported relaxing), 'invalid', or
+    'unjudged' where jsonschema itself cannot check the value (a number past float's range, 1e999,
+    is JSON but breaks its multipleOf arithmetic)."""
     try:
         value = json.loads(text)
     except ValueError:
         return "invalid"
-    errors = list(validator.iter_errors(value))
+    try:
+        errors = list(validator.iter_errors(value))
+    except (OverflowError, ValueError):
+        return "unjudged"
     if not errors:
         return "valid"
     return "relaxed" if all(e.validator in relaxed for e in errors) else "invalid"
@@ -69,14 +79,16 @@ def walkers(schema: dict, info, tokenizer, x_compiler, ll_tokenizer) -> tuple[di
     """Each engine's fresh-walker factory for this schema (or the error that stopped it), and the
     keywords each engine reported relaxing."""
     from ..bench.testing import llguidance_mask, llguidance_matcher, xgrammar_compile, xgrammar_mask
+    from ..budget import CompileBudget
     from ..json_schema import json_schema_to_grammar
     from ..matcher import GrammarMatcher, compile_grammar
 
     out, relaxed = {}, {}
     try:
-        grammar = json_schema_to_grammar(schema, mode="best-effort")
+        budget = CompileBudget(timeout_s=COMPILE_TIMEOUT_S)
+        grammar = json_schema_to_grammar(schema, mode="best-effort", budget=budget)
         relaxed["ours"] = frozenset(w.feature for w in grammar.warnings if w.kind == "relaxed")
-        compiled = compile_grammar(grammar, info, precompute=False)
+        compiled = compile_grammar(grammar, info, precompute=False, budget=budget)
 
         def ours():
             m = GrammarMatcher(compiled)
@@ -133,7 +145,11 @@ def run(args: argparse.Namespace) -> dict:
     info = TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_ids=stop)
     x_compiler = xgrammar_compiler(tokenizer, vocab_size)
     ll_tokenizer = llguidance_tokenizer(tokenizer, vocab_size)
-    schemas = example_and_realworld_schemas()
+    if args.collection == "jsonschemabench":
+        from .bench_coverage import jsonschemabench_schemas
+        schemas = jsonschemabench_schemas()
+    else:
+        schemas = example_and_realworld_schemas()
     if args.only:
         schemas = {k: v for k, v in schemas.items() if any(o in k for o in args.only)}
     rows = []
@@ -141,8 +157,8 @@ def run(args: argparse.Namespace) -> dict:
         validator = jsonschema.Draft202012Validator(schema, format_checker=format_checker())
         engines, relaxed = walkers(schema, info, tokenizer, x_compiler, ll_tokenizer)
         for engine, make in engines.items():
-            row = {"schema": name, "engine": engine, "valid": 0, "relaxed": 0, "invalid": 0, "unfinished": 0,
-                   "examples": []}
+            row = {"schema": name, "engine": engine, "valid": 0, "relaxed": 0, "invalid": 0, "unjudged": 0,
+                   "unfinished": 0, "examples": []}
             if isinstance(make, str):
                 rows.append({**row, "error": make})
                 continue
@@ -158,24 +174,30 @@ def run(args: argparse.Namespace) -> dict:
                   f"{row['unfinished']} unfinished", flush=True)
     summary = {}
     for engine in ("ours", "xgrammar", "llguidance"):
-        mine = [r for r in rows if r["engine"] == engine and "error" not in r]
-        summary[engine] = {"schemas": len(mine), **{k: sum(r[k] for r in mine)
-                                                    for k in ("valid", "relaxed", "invalid", "unfinished")}}
-    return {"walks_per_schema": args.walks, "max_tokens": args.max_tokens, "summary": summary, "rows": rows}
+        theirs = [r for r in rows if r["engine"] == engine]
+        mine = [r for r in theirs if "error" not in r]
+        summary[engine] = {"schemas": len(mine), "not_compiled": len(theirs) - len(mine),
+                           **{k: sum(r.get(k, 0) for r in mine)
+                              for k in ("valid", "relaxed", "invalid", "unjudged", "unfinished")}}
+    return {"collection": args.collection, "walks_per_schema": args.walks, "max_tokens": args.max_tokens,
+            "summary": summary, "rows": rows}
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--walks", type=int, default=64, help="random walks per schema and engine")
     p.add_argument("--max-tokens", type=int, default=400)
     p.add_argument("--only", nargs="*", help="schema names (or substrings of them)")
+    p.add_argument("--collection", choices=["examples", "jsonschemabench"], default="examples",
+                   help="stage 08's examples and real-world schemas, or the JSONSchemaBench sample")
     p.add_argument("--quick", action="store_true", help="a byte-level tokenizer (258 tokens): for tests")
 
 
 def report(result: dict) -> None:
     for engine, s in result["summary"].items():
-        print(f"{engine:>10}: {s['schemas']} schemas, {s['valid'] + s['relaxed'] + s['invalid']} finished documents: "
+        print(f"{engine:>10}: {s['schemas']} schemas ({s['not_compiled']} not compiled), "
+              f"{s['valid'] + s['relaxed'] + s['invalid']} finished documents: "
               f"{s['invalid']} invalid accepted, {s['relaxed']} breaking only a reported relaxation, "
-              f"{s['unfinished']} walks unfinished")
+              f"{s['unjudged']} jsonschema could not check, {s['unfinished']} walks unfinished")
 
 
 main = bench_cli(__doc__, add_args, run, report, module="course.s08_structured.realworld.bench_invalid")

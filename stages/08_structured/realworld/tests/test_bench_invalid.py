@@ -35,3 +35,10 @@ def test_the_judge_and_the_walk():
     assert bench_invalid.walk(walker, {2}, random.Random(0), 5, [b"a", b"b", b""]) == b"a"
     stuck = bench_invalid.Walker(lambda: np.array([True, False, False]), lambda t: None, lambda: False)
     assert bench_invalid.walk(stuck, {2}, random.Random(0), 5, [b"a", b"b", b""]) is None   # never finishes
+
+
+def test_the_jsonschemabench_sample_is_walked_too():
+    result = bench_invalid.main(["--quick", "--walks", "2", "--collection", "jsonschemabench", "--only", "Glaive"])
+    ours = result["summary"]["ours"]
+    assert result["collection"] == "jsonschemabench" and ours["schemas"] + ours["not_compiled"] == 12
+    assert ours["invalid"] == 0 and ours["valid"] + ours["relaxed"] > 0
