@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config_keys import refuse_unimplemented
+from .config_keys import CONFIG_FAMILIES, refuse_unimplemented, with_family_defaults
 from .moe.config import MoeFields, moe_fields, moe_hf_fields
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = CONFIG_FAMILIES
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM"}  # model_type -> the class name config.json carries
@@ -121,7 +121,8 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
-        return cls.from_hf(json.loads(Path(path).read_text()))
+        """A config.json; the keys it leaves out take transformers' defaults (config_keys.py)."""
+        return cls.from_hf(with_family_defaults(json.loads(Path(path).read_text())))
 
     def to_hf(self) -> dict[str, Any]:
         """A config.json dict that transformers' class for this family (`architecture`) accepts."""

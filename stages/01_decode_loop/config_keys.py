@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+CONFIG_FAMILIES = ("llama", "qwen2", "mistral", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe")  # config.py's
+
 READ = frozenset({
     "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
@@ -55,3 +57,17 @@ def refuse_unimplemented(d: dict[str, Any]) -> None:
             if key in where and not leaves_model_as_is(where[key]):
                 raise ValueError(f"config key {key}={where[key]!r}: serving it needs {needs}, "
                                  "which this engine does not implement")
+
+
+def with_family_defaults(d: dict[str, Any]) -> dict[str, Any]:
+    """A config.json with the keys it leaves out as transformers' class for its family fills them
+    (its defaults, and what it derives: a missing num_key_value_heads is num_attention_heads):
+    a missing rms_norm_eps is 1e-6 for Llama, a Mixtral's rope_theta 1e6, a Mistral's
+    sliding_window 4096. Not ours (1e-5, 1e4, none): a model loaded here must compute what it
+    computes there."""
+    from transformers import AutoConfig
+
+    if d.get("model_type") not in CONFIG_FAMILIES:
+        return d  # from_hf refuses it by name
+    filled = AutoConfig.for_model(**d).to_dict()
+    return {**filled, **d}

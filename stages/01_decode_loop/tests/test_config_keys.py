@@ -134,3 +134,20 @@ def test_config_keys_a_qwen2_moe_config_without_qkv_bias_has_the_biases():
     """Qwen1.5-MoE's config.json predates the key; its class, like its checkpoint, has q/k/v biases."""
     d = {k: v for k, v in default_dict("qwen2_moe").items() if k != "qkv_bias"}
     assert ModelConfig.from_hf(d).qkv_bias and not ModelConfig.from_hf({**d, "qkv_bias": False}).qkv_bias
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED_MODEL_TYPES)
+def test_keys_a_config_json_leaves_out_read_as_transformers_reads_them(tmp_path, model_type):
+    """Only the sizes written (as a hand-made or old config.json may): the norm's epsilon, RoPE's
+    base, the KV heads and (Mistral) the sliding window come out as transformers' class fills them."""
+    sizes = {"model_type": model_type, "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+             "max_position_embeddings": 8192}
+    if "moe" in model_type or model_type == "mixtral":
+        sizes |= {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}
+    (tmp_path / "config.json").write_text(json.dumps(sizes))
+    ours, theirs = ModelConfig.from_json(tmp_path / "config.json"), AutoConfig.from_pretrained(tmp_path)
+    theta = (getattr(theirs, "rope_parameters", None) or {}).get("rope_theta") or theirs.rope_theta
+    assert (ours.rms_norm_eps, ours.rope_theta, ours.num_key_value_heads) == (theirs.rms_norm_eps, theta, 2)
+    window = getattr(theirs, "sliding_window", None) if model_type in ("mistral", "mixtral") else None
+    assert ours.max_position_embeddings == min(8192, window or 8192)  # a window shorter than the context caps it
