@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from course.s01_decode_loop.bench.measure import median_of
+from course.s03_paged.quantized_kv import pool_bytes_per_token
 
 
 @dataclass
@@ -32,14 +33,15 @@ class DecodeCost:
         return self.flops / self.bytes
 
 
-def decode_cost(model, batch: int, context: int) -> DecodeCost:
-    """Bytes and FLOPs of one decode step (batch sequences, each with `context` tokens cached)."""
+def decode_cost(model, batch: int, context: int, kv_dtype: torch.dtype | None = None) -> DecodeCost:
+    """Bytes and FLOPs of one decode step (batch sequences, each with `context` tokens cached).
+    `kv_dtype`: the pool's (default: the model's); an int8 or fp8 pool's bytes count its scales."""
     c = model.config
     elem = model.dtype.itemsize
     params = sum(p.numel() for p in model.parameters())
     embed = c.vocab_size * c.hidden_size  # an embedding lookup reads B rows, not the table
     matmul_params = params - embed + (embed if c.tie_word_embeddings else 0)  # the lm_head is a matmul
-    kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * elem
+    kv_per_token = pool_bytes_per_token(c, kv_dtype or model.dtype)
     attn_flops = 4 * c.num_hidden_layers * c.num_attention_heads * c.head_dim * context  # QK and PV
     return DecodeCost(weight_bytes=matmul_params * elem, kv_bytes=batch * context * kv_per_token,
                       flops=batch * (2 * matmul_params + attn_flops))

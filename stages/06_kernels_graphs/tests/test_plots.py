@@ -20,3 +20,19 @@ def test_the_roofline_places_each_batch_at_its_intensity_and_rate():
     roof, *steps = fig.axes[0].get_lines()
     assert len(steps) == 2 and max(roof.get_ydata()) == 100.0  # the compute roof, in GFLOP/s
     assert [line.get_xdata()[0] for line in steps] == [p[1] for p in points]
+
+
+def test_a_quantized_pool_counts_its_codes_and_scales():
+    """An int8 pool moves a byte a value plus a float16 scale per (token, KV head): the roofline
+    counts what the kernel reads, not the model's dtype."""
+    import torch
+
+    from course.s03_paged.quantized_kv import pool_bytes_per_token
+
+    model = tiny_model("gqa_tied")
+    c = model.config
+    full, int8 = decode_cost(model, 4, 32), decode_cost(model, 4, 32, kv_dtype=torch.int8)
+    assert full.kv_bytes == 4 * 32 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
+    assert int8.kv_bytes == 4 * 32 * pool_bytes_per_token(c, torch.int8)
+    assert int8.kv_bytes == 4 * 32 * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.head_dim + 2)
+    assert int8.weight_bytes == full.weight_bytes and int8.intensity > full.intensity
