@@ -7,13 +7,15 @@ grammar waits for the end tag, as tools/lazy.py's grammar waits for `<tool_call>
     "<think>The user wants a city...</think>\n\n{"city": "Paris"}"
      |--- free: (almost) never masked ---|    |-- the grammar --|
 
-While the thinking runs, three things are masked, each so the answer that follows is whole:
+While the thinking runs before a grammar, three things are masked, each so the answer that
+follows is whole:
   * a token that would close the tag and carry more than whitespace past it (">{" after
     "</think"): the answer's first byte is then always one the grammar reads itself;
   * the stop token: an output that ends while thinking has no answer to parse;
   * everything but the tag's next token once the thinking must end: after `budget` thinking
     tokens (vLLM's `thinking_token_budget`), or when the tokens left are only what the tag and
     the shortest valid answer need (so the answer never runs out of room).
+With no grammar (a budget alone) only the budget's tag is forced.
 
 A speculating engine asks `valid_prefix` for a draft that may hold the end tag anywhere: the
 tokens up to the tag are judged by the rules above, the ones after it by the grammar, which is
@@ -143,8 +145,10 @@ class ThinkingGate:
         return self.end.tag_ids[j] if j < len(self.end.tag_ids) else None
 
     def _banned(self) -> frozenset[int]:
-        spills = self.end.spills[self.pending[-1] if self.pending else 0]
-        return spills | self.end.stop_ids if self.grammar is not None else spills
+        """What the thinking may not write: nothing, unless a grammar waits for its end."""
+        if self.grammar is None:
+            return frozenset()
+        return self.end.spills[self.pending[-1] if self.pending else 0] | self.end.stop_ids
 
     def _catch_up(self, output_ids: list[int]) -> None:
         same = len(self.ids)
