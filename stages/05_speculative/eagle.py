@@ -155,6 +155,11 @@ class EagleHead(nn.Module):
         return []
 
 
+# Positions a draft writes into the head's cache past the known ones: a chain's k, a tree's
+# expanded nodes (top_k a level). The buffers always keep this much room past the known positions.
+DRAFT_ROOM = 64
+
+
 class EagleDrafter(Drafter):
     """Drafts with the head: a chain (k steps, each feeding back its own feature and token) or
     an EAGLE-2 tree (`propose_tree`)."""
@@ -179,8 +184,8 @@ class EagleDrafter(Drafter):
     @torch.no_grad()  # an EAGLE-3 head fuses the taps here: no graph to keep
     def observe(self, hidden: torch.Tensor, start: int) -> None:
         end = start + hidden.shape[0]
-        if self.features is None or end > self.features.shape[0]:
-            capacity = max(2 * end, 256)
+        if self.features is None or end + DRAFT_ROOM > self.features.shape[0]:
+            capacity = max(2 * end + DRAFT_ROOM, 256)
             grown = hidden.new_zeros(capacity, self.head.config.hidden_size)
             if self.features is not None and start > 0:
                 grown[:start] = self.features[:start]
@@ -205,6 +210,8 @@ class EagleDrafter(Drafter):
     def propose(self, seq: Sequence, k: int) -> Draft:
         if k == 0:
             return Draft([])
+        if k > DRAFT_ROOM:
+            raise ValueError(f"k={k}: an EAGLE chain drafts at most {DRAFT_ROOM} tokens")
         predicted, position = self._catch_up(seq), self.num_features
 
         def after(i: int, token: int) -> torch.Tensor:  # feed the guess back: its feature and token
@@ -223,6 +230,8 @@ class EagleDrafter(Drafter):
         tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size)."""
         if depth == 0:
             return Tree()
+        if top_k * (depth - 1) > DRAFT_ROOM:
+            raise ValueError(f"a tree {depth} deep expanding {top_k} a level drafts past {DRAFT_ROOM} positions")
         started = time.perf_counter()
         root_feature = self._catch_up(seq)
         true_len, last = self.cache.num_tokens, self.num_features - 1  # drafting entries go after true_len

@@ -244,3 +244,20 @@ def test_observed_features_keep_no_autograd_history(byte_tok):
     assert any(p.requires_grad for p in drafter.head.parameters())
     out, _ = run(stream_speculative, model, byte_tok, drafter, k=3)
     assert not drafter.features.requires_grad
+
+
+@pytest.mark.parametrize("drafting", ["chain", "tree"])
+def test_a_draft_just_below_the_buffers_end_has_room(byte_tok, drafting):
+    """The head's buffers grow as positions arrive; a draft made when the known positions sit just
+    below 256 (the first capacity) still fits: the buffers keep DRAFT_ROOM positions free."""
+    model = tiny_model("mha_untied")
+    drafter = eagle(model)
+    ids = [(7 * i) % 250 + 1 for i in range(300)]
+    hidden = forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 300, model.dtype, model.device)), ids)
+    drafter.begin(Sequence(ids[:60], GREEDY, byte_tok))
+    drafter.observe(hidden[:60], 0)
+    for t in range(60, 253):  # one position a step, as decoding brings them
+        drafter.observe(hidden[t:t + 1], t)
+    seq = Sequence(ids[:254], GREEDY, byte_tok)  # the known positions and the token after them
+    draft = drafter.propose(seq, 4) if drafting == "chain" else drafter.propose_tree(seq, 5, top_k=4, max_nodes=16)
+    assert len(draft.tokens) > 0
