@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from course.s08_structured.tools import CLOSE, OPEN
+from course.s08_structured.tools import CLOSE, OPEN, pending_prefix
 
 HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*')
 
@@ -34,8 +34,7 @@ class ToolCallParser:
             if self.state == "text":
                 at = self.buffer.find(OPEN)
                 if at < 0:
-                    keep = next((k for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1)
-                                 if self.buffer.endswith(OPEN[:k])), 0)  # maybe the tag's start
+                    keep = pending_prefix(self.buffer, OPEN)  # maybe the tag's start
                     content += self.buffer[:len(self.buffer) - keep] if not self.calls else ""
                     self.buffer = self.buffer[len(self.buffer) - keep:]
                     return content, deltas

@@ -23,12 +23,11 @@ made afresh at the tag (`fresh`: it knows how many tokens the answer has left th
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ..generate import GrammarLogitsProcessor
 from ..serving.closing import planner_for
-from ..tools.lazy import LazyGrammarLogitsProcessor
+from ..tools.lazy import LazyGrammarLogitsProcessor, pending_prefix
 from ..vocab import TokenizerInfo
 
 
@@ -50,8 +49,7 @@ class EndOfThinking:
         joined = self.tag[:k] + self.token_bytes[token]
         if self.tag in joined:
             return 0, True
-        t = self.tag
-        return next((n for n in range(min(len(t) - 1, len(joined)), 0, -1) if joined.endswith(t[:n])), 0), False
+        return pending_prefix(joined, self.tag), False
 
 
 def fresh(grammar, max_new_tokens: int | None):

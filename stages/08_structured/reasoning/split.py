@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tools.lazy import pending_prefix
+
 
 @dataclass(frozen=True)
 class ThinkingTags:
@@ -56,11 +58,6 @@ def split_reasoning(text: str, tags: ThinkingTags, open_at_start: bool) -> tuple
     return reasoning, rest.lstrip() if end else ""
 
 
-def _held_back(text: str, tag: str) -> int:
-    """How many of `text`'s last characters could be the start of `tag`."""
-    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
-
-
 class ReasoningStream:
     """`split_reasoning`, fed a piece at a time: each `feed` returns the (reasoning, content) it
     settled; `finish` hands back what was held."""
@@ -85,7 +82,7 @@ class ReasoningStream:
             elif self.state == "reasoning":
                 before, end, after = self.held.partition(self.tags.end)
                 if not end:
-                    keep = _held_back(self.held, self.tags.end)
+                    keep = pending_prefix(self.held, self.tags.end)
                     reasoning += self.held[:len(self.held) - keep]
                     self.held = self.held[len(self.held) - keep:]
                     return reasoning, content

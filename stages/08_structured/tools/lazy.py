@@ -28,6 +28,12 @@ from ..vocab import TokenizerInfo
 from .calls import OPEN
 
 
+def pending_prefix(text, tag) -> int:
+    """How many of `text`'s last bytes (or characters) could be the start of `tag`: the longest end
+    of `text` that begins it, short of the whole tag (0 if none)."""
+    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if text.endswith(tag[:k])), 0)
+
+
 class TriggerTokens:
     """For each k (how many of the trigger's first bytes the output already ends with), the tokens
     that would complete the trigger. Computed once per vocabulary and trigger."""
@@ -41,8 +47,7 @@ class TriggerTokens:
 
     def pending(self, text: bytes) -> int:
         """The longest end of `text` that begins the trigger (0 if none)."""
-        t = self.trigger
-        return next((k for k in range(min(len(t) - 1, len(text)), 0, -1) if text.endswith(t[:k])), 0)
+        return pending_prefix(text, self.trigger)
 
 
 class LazyGrammarLogitsProcessor:
