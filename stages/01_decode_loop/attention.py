@@ -49,6 +49,17 @@ class AttentionMetadata:
 class AttentionBackend(ABC):
     """Computes attention for one layer. Backends may keep state (a KV cache) across calls."""
 
+    # each layer's sliding window (None: full attention), () when no layer slides: a backend that
+    # serves such a model takes them from the config (its cache's), and the model checks they match
+    windows: tuple[int | None, ...] = ()
+
+    # attention sinks (gpt-oss): a model with sinks passes each layer's as forward(..., sinks=[H]),
+    # to a backend that says it takes them
+    takes_sinks = False
+
+    def window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
+
     # MoE layers' experts: None lets the model run its own (moe/experts.py); a backend that has a
     # faster kernel for its steps (stage 06's graphed one) offers it here
     experts_kernel = None
@@ -59,12 +70,16 @@ class AttentionBackend(ABC):
         """q: [T, n_heads, d]; k, v: [T, n_kv_heads, d] (already rotated). Returns [T, n_heads, d]."""
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int,
+                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Softmax attention of one sequence, written out so nothing is hidden.
 
     q: [Tq, H, d] are the queries at positions q_start .. q_start+Tq-1;
     k, v: [Tk, Hkv, d] are the keys/values at positions 0 .. Tk-1.
-    Query i may look at key j only if j <= q_start + i (causality).
+    Query i may look at key j only if j <= q_start + i (causality), and, in a sliding-window
+    layer, only if j > q_start + i - window: the last `window` positions, itself included.
+    sinks: [H] learned logits (gpt-oss's attention sinks), one more term in each head's softmax
+    denominator with no value: a head may put weight on "nothing" instead of on some key.
     Grouped-query attention: each of the Hkv K/V heads serves H/Hkv query heads.
     """
     tq, h, d = q.shape
@@ -74,21 +89,33 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * d ** -0.5
     q_pos = torch.arange(q_start, q_start + tq, device=q.device)[:, None]
     k_pos = torch.arange(tk, device=q.device)[None, :]
-    scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
-    probs = scores.softmax(dim=-1)
+    hidden = k_pos > q_pos
+    if window is not None:
+        hidden |= k_pos <= q_pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
+    if sinks is not None:
+        sink = sinks.float()[:, None, None].expand(h, tq, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    else:
+        probs = scores.softmax(dim=-1)
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
 
 
 class FullCausalAttention(AttentionBackend):
     """Stage 01: no memory at all. Every forward pass carries every token of every sequence,
     so each sequence attends over exactly the rows it brought."""
+    takes_sinks = True
 
-    def forward(self, layer, q, k, v, meta):
+    def __init__(self, windows: tuple[int | None, ...] = ()):
+        self.windows = tuple(windows)
+
+    def forward(self, layer, q, k, v, meta, sinks=None):
         if not torch.equal(meta.query_lens, meta.seq_lens):
             raise ValueError("FullCausalAttention needs whole sequences (it has no KV cache): "
                              "each sequence's query length must equal its total length")
         out = torch.empty_like(q)
         bounds = meta.cu_seqlens_q.tolist()
         for start, end in zip(bounds[:-1], bounds[1:]):
-            out[start:end] = causal_attention(q[start:end], k[start:end], v[start:end], q_start=0)
+            out[start:end] = causal_attention(q[start:end], k[start:end], v[start:end], q_start=0,
+                                              window=self.window(layer), sinks=sinks)
         return out

@@ -18,6 +18,28 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mist
                  "qwen3": "Qwen3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM"}  # model_type -> the class name config.json carries
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def read_layer_types(d: dict[str, Any], model_type: str) -> tuple[int | None, list[str] | None]:
+    """(sliding_window, layer_types) as transformers' class of the family reads them: Mistral's
+    window slides in every layer; Qwen's only with use_sliding_window, in the layers layer_types
+    marks (by default those from max_window_layers on). A window no sequence can leave is none."""
+    n = d["num_hidden_layers"]
+    window = d.get("sliding_window")
+    if model_type in ("mistral", "mixtral"):
+        types = ["sliding_attention"] * n if window is not None else None
+    elif d.get("use_sliding_window") and window is not None:
+        first = d.get("max_window_layers", 0) or 0
+        types = d.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
+    else:
+        if "sliding_attention" in (d.get("layer_types") or ()):
+            raise ValueError("config key layer_types marks sliding_attention layers, but use_sliding_window "
+                             "is off: say which is meant")
+        return None, None
+    if window is None or window >= d.get("max_position_embeddings", 2048) or "sliding_attention" not in types:
+        return None, None
+    return window, list(types)
 
 
 @dataclass
@@ -42,10 +64,11 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = "llama"
-    # Mistral's sliding window: each token attends to the last `sliding_window` positions only. We
-    # attend to everything, which is the same model while a sequence fits the window, so from_hf
-    # caps max_position_embeddings at the window and longer sequences are refused, never mis-answered.
+    # Sliding-window attention (Mistral; Qwen with use_sliding_window): in a "sliding_attention"
+    # layer a token attends to the last `sliding_window` positions only, itself included.
+    # layer_types: one entry per layer, "full_attention" or "sliding_attention"; None: all full.
     sliding_window: int | None = None
+    layer_types: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
@@ -53,6 +76,12 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention"
             )
+        unknown = set(self.layer_types or ()) - set(LAYER_TYPES)
+        if unknown or (self.layer_types is not None and len(self.layer_types) != self.num_hidden_layers):
+            raise ValueError(f"layer_types {self.layer_types!r}: need one of {LAYER_TYPES} per layer "
+                             f"({self.num_hidden_layers} layers)")
+        if self.sliding_window is None and "sliding_attention" in (self.layer_types or ()):
+            raise ValueError("layer_types names sliding_attention layers but sliding_window is not set")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"RoPE type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
@@ -62,11 +91,15 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         return self.num_attention_heads // self.num_key_value_heads
 
     @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """Each layer's window (None: full attention); () when every layer attends to its whole past."""
+        if "sliding_attention" not in (self.layer_types or ()):
+            return ()
+        return tuple(self.sliding_window if t == "sliding_attention" else None for t in self.layer_types)
+
+    @property
     def context_limit(self) -> str:
         """What bounds a sequence, for error messages."""
-        if self.sliding_window is not None:
-            return f"{self.max_position_embeddings} tokens (the model's sliding window: longer sequences would " \
-                   f"need windowed attention, which this engine does not implement)"
         return f"{self.max_position_embeddings} tokens"
 
     @property
@@ -84,9 +117,7 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
                              f"supported: {SUPPORTED_MODEL_TYPES}")
         refuse_unimplemented(d)  # every key is read here, inert, or refused by name: config_keys.py
         max_len = d.get("max_position_embeddings", 2048)
-        window = d.get("sliding_window") if model_type in ("mistral", "mixtral") else None  # Qwen's needs the flag
-        if window is not None and window >= max_len:
-            window = None  # no sequence is long enough to leave the window
+        window, layer_types = read_layer_types(d, model_type)
         heads = d["num_attention_heads"]
         # transformers 5 folds rope_theta and rope_scaling into one `rope_parameters` dict.
         rope = dict(d.get("rope_parameters") or d.get("rope_scaling") or {})
@@ -106,8 +137,9 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
             rms_norm_eps=d.get("rms_norm_eps", 1e-5),
             rope_theta=float(rope_theta),
             rope_scaling=None if rope["rope_type"] == "default" else rope,
-            max_position_embeddings=max_len if window is None else window,
+            max_position_embeddings=max_len,
             sliding_window=window,
+            layer_types=layer_types,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=attention_bias or model_type == "qwen2" or bool(d.get("qkv_bias", model_type == "qwen2_moe")),
             o_bias=attention_bias,
@@ -148,8 +180,10 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         }
         if self.model_type != "qwen2":
             d["attention_bias"] = self.o_bias
-        if self.model_type in ("mistral", "mixtral"):
+        if self.model_type in ("mistral", "mixtral"):  # their window slides in every layer
             d["sliding_window"] = self.sliding_window
+        elif self.layer_windows:  # Qwen's: the flag, and which layers slide
+            d.update(use_sliding_window=True, sliding_window=self.sliding_window, layer_types=list(self.layer_types))
         return {**d, **moe_hf_fields(self)}
 
     def to_dict(self) -> dict[str, Any]:

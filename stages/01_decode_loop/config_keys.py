@@ -20,7 +20,7 @@ READ = frozenset({
     "num_key_value_heads", "head_dim", "rms_norm_eps", "max_position_embeddings", "tie_word_embeddings",
     "rope_parameters", "rope_scaling", "rope_theta",  # transformers 5 folds the last two into the first
     "attention_bias", "qkv_bias", "mlp_bias", "bos_token_id", "eos_token_id",
-    "sliding_window",  # Mistral/Mixtral: caps the context; Qwen's acts only with use_sliding_window (checked)
+    "sliding_window", "use_sliding_window", "max_window_layers",  # config.read_layer_types (and layer_types, checked)
     "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size",  # MoE: moe/config.py
     "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "shared_expert_intermediate_size",
 })
@@ -35,15 +35,13 @@ INERT = frozenset({
     "chunk_size_feed_forward",  # runs the MLP over positions in chunks: the same numbers
     "pretraining_tp",  # how training split the matmuls across devices: the same product
     "pad_token_id",  # the embedding's padding row only matters to its gradient
-    "max_window_layers",  # which layers slide: acts only with use_sliding_window (checked)
 })
 
 # key -> (does this value leave the model as we implement it?, what serving any other value needs)
 CHECKED: dict[str, tuple[Callable[[Any], bool], str]] = {
     "hidden_act": (lambda v: v in ("silu", "swish"), "an MLP activation other than SiLU (we implement SwiGLU)"),
-    "use_sliding_window": (lambda v: not v, "sliding-window attention (a token sees only the last W positions)"),
-    "layer_types": (lambda v: v is None or all(t == "full_attention" for t in v),
-                    "attention other than full causal attention in some layers (e.g. sliding-window layers)"),
+    "layer_types": (lambda v: v is None or set(v) <= {"full_attention", "sliding_attention"},
+                    "a kind of layer other than full or sliding-window attention (e.g. linear attention)"),
     "partial_rotary_factor": (lambda v: v is None or v == 1, "RoPE on only a fraction of each head's channels"),
 }
 

@@ -24,7 +24,7 @@ def next_token_logits(model: CausalLM, token_ids: list[int]) -> torch.Tensor:
                          f"{model.config.context_limit}")
     ids = torch.tensor(token_ids, dtype=torch.long, device=model.device)
     meta = AttentionMetadata.for_full_sequences([len(token_ids)], device=model.device)
-    hidden = model(ids, FullCausalAttention(), meta)
+    hidden = model(ids, FullCausalAttention(model.config.layer_windows), meta)
     return model.compute_logits(hidden[-1:])[0]
 
 

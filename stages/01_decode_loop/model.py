@@ -98,12 +98,16 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
+        self.layer_windows = config.layer_windows
         # layers whose outputs a drafter also reads (EAGLE-3, stage 05): after each forward,
         # `tapped` holds them side by side, [rows, len(tap_layers) * hidden]
         self.tap_layers: tuple[int, ...] = ()
         self.tapped: torch.Tensor | None = None
 
     def forward(self, input_ids, attn, meta):
+        if tuple(attn.windows) != self.layer_windows:  # a backend that ignored them would answer wrongly
+            raise ValueError(f"this model's layers slide over windows {self.layer_windows or 'none'}, but "
+                             f"{type(attn).__name__} was built for {tuple(attn.windows) or 'none'}")
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(meta.positions)  # computed once, shared by all layers
         taps = []
