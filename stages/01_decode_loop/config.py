@@ -25,12 +25,11 @@ def read_layer_types(d: dict[str, Any], model_type: str) -> tuple[int | None, li
     """(sliding_window, layer_types) as transformers' class of the family reads them: Mistral's
     window slides in every layer; Qwen's only with use_sliding_window, in the layers layer_types
     marks (by default those from max_window_layers on). A window no sequence can leave is none."""
-    n = d["num_hidden_layers"]
+    n, first = d["num_hidden_layers"], d.get("max_window_layers") or 0
     window = d.get("sliding_window")
     if model_type in ("mistral", "mixtral"):
         types = ["sliding_attention"] * n if window is not None else None
     elif d.get("use_sliding_window") and window is not None:
-        first = d.get("max_window_layers", 0) or 0
         types = d.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(n)]
     else:
         if "sliding_attention" in (d.get("layer_types") or ()):

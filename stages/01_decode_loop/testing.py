@@ -109,6 +109,18 @@ def greedy_reference(hf, ids: list[int], n: int) -> tuple[list[int], list[float]
     return tokens, [float(torch.log_softmax(step[0].float(), -1)[t]) for step, t in zip(out.logits, tokens)]
 
 
+@torch.no_grad()
+def greedy_reference_uncached(hf, ids: list[int], n: int) -> list[int]:
+    """transformers' n greedy tokens after `ids`, each from one full forward over the whole
+    sequence (no KV cache). The reference for sliding-window models: in transformers 5.24,
+    `generate`'s sliding-window cache disagrees with the same model's full forward once a short
+    prompt's decode passes the window, and the full forward is the model's definition."""
+    ids = list(ids)
+    for _ in range(n):
+        ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-n:]
+
+
 def save_transformers_model(hf_config, tokenizer, path, seed: int = 0):
     """A random model built and saved by transformers itself (`save_pretrained`, its own config
     class), norm weights moved off 1 so a skipped norm shows; returns the transformers model."""

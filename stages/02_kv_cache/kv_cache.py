@@ -26,6 +26,7 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
+        self.windows = config.layer_windows  # a sliding layer still stores every position; attention masks
         self.num_tokens = 0  # how many positions hold valid K/V (all layers agree after a forward)
 
     @property
@@ -48,16 +49,19 @@ class ContiguousKVAttention(AttentionBackend):
 
     One sequence per forward (batching comes in stage 04). The new tokens are the last
     query_len positions of a sequence of seq_lens[0] tokens: the whole prompt at prefill,
-    a single token at decode.
+    a single token at decode. A sliding-window layer attends over its last `window` positions.
     """
+    takes_sinks = True
 
     def __init__(self, cache: KVCache):
         self.cache = cache
+        self.windows = cache.windows
 
-    def forward(self, layer, q, k, v, meta: AttentionMetadata):
+    def forward(self, layer, q, k, v, meta: AttentionMetadata, sinks=None):
         if meta.num_seqs != 1:
             raise ValueError("ContiguousKVAttention serves one sequence at a time")
         total = int(meta.seq_lens[0])
         start = total - q.shape[0]  # positions already cached before this step
         self.cache.write(layer, start, k, v)
-        return causal_attention(q, self.cache.k[layer, :total], self.cache.v[layer, :total], q_start=start)
+        return causal_attention(q, self.cache.k[layer, :total], self.cache.v[layer, :total], q_start=start,
+                                window=self.window(layer), sinks=sinks)

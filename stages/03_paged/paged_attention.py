@@ -34,6 +34,7 @@ class PagedKVCache:
             self.k_scale = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device)
             self.v_scale = torch.zeros(shape[:-1], dtype=SCALE_DTYPE, device=device)
         self.block_size = block_size
+        self.windows = config.layer_windows  # each layer's sliding window (None: full), () if none slides
 
     @property
     def quantized(self) -> bool:
@@ -96,10 +97,13 @@ class PagedAttentionMetadata(AttentionMetadata):
 
 
 class PagedAttention(AttentionBackend):
+    takes_sinks = True
+
     def __init__(self, cache: PagedKVCache):
         self.cache = cache
+        self.windows = cache.windows
 
-    def forward(self, layer, q, k, v, meta: PagedAttentionMetadata):
+    def forward(self, layer, q, k, v, meta: PagedAttentionMetadata, sinks=None):
         bs = self.cache.block_size
         # 1. write this step's K/V into their slots (a view of the pool as one long row of slots)
         self.cache.write(layer, meta.slot_mapping, k, v)
@@ -112,5 +116,6 @@ class PagedAttention(AttentionBackend):
             k_seq = k_pool[blocks].flatten(0, 1)[:total]  # [total, kv, d]
             v_seq = v_pool[blocks].flatten(0, 1)[:total]
             start, end = bounds[b], bounds[b + 1]
-            out[start:end] = causal_attention(q[start:end], k_seq, v_seq, q_start=total - (end - start))
+            out[start:end] = causal_attention(q[start:end], k_seq, v_seq, q_start=total - (end - start),
+                                              window=self.window(layer), sinks=sinks)
         return out

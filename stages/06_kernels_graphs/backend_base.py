@@ -38,13 +38,18 @@ class KernelBackend(AttentionBackend):
     tree_masks = False          # True: eager steps may hold speculative trees (`build_metadata`'s `trees`)
     captured_experts: Callable | None = None  # MoE experts of captured steps: a room's (gpu/)
     stored_kv: tuple | None = None  # pool dtypes it reads besides the model's (None: all stage 03 stores)
+    serves_windows = False      # True: its kernels mask each sliding layer's window (config.layer_windows)
 
     def __init__(self, cache: PagedKVCache):
         if cache.kv_dtype != cache.dtype and self.stored_kv is not None and cache.kv_dtype not in self.stored_kv:
             also = "".join(f" or {str(t).removeprefix('torch.')}" for t in self.stored_kv)
             raise ValueError(f"the {self.name} backend reads K/V pools of the model's dtype ({cache.dtype}){also}, "
                              f"not {cache.kv_dtype}: every --kv-cache-dtype runs on the torch and cpu backends")
+        if cache.windows and not self.serves_windows:
+            raise ValueError(f"the {self.name} backend does not attend sliding windows, which this model's "
+                             "layers use: run it on the torch backend")
         self.cache = cache
+        self.windows = cache.windows
 
     @classmethod
     def from_config(cls, cache: PagedKVCache, config) -> "KernelBackend":  # a backend with options reads them

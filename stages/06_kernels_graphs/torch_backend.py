@@ -20,6 +20,7 @@ from .backend_base import KernelBackend, KernelMetadata
 
 class TorchPagedBackend(KernelBackend):
     name = "torch"
+    serves_windows = True
     captured_varlen: Callable | None = None  # a captured step's ragged attention, a room's (mixed_graphs/)
 
     def __init__(self, cache: PagedKVCache):
@@ -36,23 +37,27 @@ class TorchPagedBackend(KernelBackend):
             return self.reference.forward(layer, q, k, v, meta)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         if meta.is_decode:
-            return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens)
+            return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens, self.window(layer))
         return self.captured_varlen(q, k_pool, v_pool, meta.cu_seqlens_q, meta.positions, meta.block_tables,
-                                    meta.seq_lens)
+                                    meta.seq_lens, self.window(layer))
 
 
-def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
+def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens, window: int | None = None):
     """q: [B, H, D], one query per sequence at position seq_len-1. Sync-free: every shape comes
     from the block table's width, the lengths only enter through a mask. Table padding must
-    hold valid block ids (the runner pads with its dummy block); the pool holds finite values."""
+    hold valid block ids (the runner pads with its dummy block); the pool holds finite values.
+    A sliding layer's `window` masks the keys before its last `window` positions too."""
     b, h, d = q.shape
     kv_heads = k_pool.shape[2]
     keys = k_pool[block_tables].flatten(1, 2)  # [B, W*bs, Hkv, D]
     values = v_pool[block_tables].flatten(1, 2)
     qg = q.float().view(b, kv_heads, h // kv_heads, d)  # GQA: query heads grouped by their KV head
     scores = torch.einsum("bngd,blnd->bngl", qg, keys.float()) * d ** -0.5
-    past_end = torch.arange(keys.shape[1], device=q.device)[None, :] >= seq_lens[:, None]  # [B, L]
-    scores = scores.masked_fill(past_end[:, None, None, :], float("-inf"))
+    span = torch.arange(keys.shape[1], device=q.device)[None, :]
+    hidden = span >= seq_lens[:, None]  # [B, L]: past the end
+    if window is not None:
+        hidden |= span < seq_lens[:, None] - window  # before the window
+    scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
     out = torch.einsum("bngl,blnd->bngd", scores.softmax(-1), values.float())
     return out.reshape(b, h, d).to(q.dtype)
 

@@ -11,10 +11,8 @@ from course.s01_decode_loop.testing import TINY_CONFIGS, save_hf_folder, tiny_mo
 from course.s01_decode_loop.weights import load_model
 
 # for each checked key: a value the engine cannot serve, and the "off" value it accepts
-REFUSED = {"hidden_act": "gelu", "use_sliding_window": True, "layer_types": ["full_attention", "sliding_attention"],
-           "partial_rotary_factor": 0.5}
-ACCEPTED = {"hidden_act": "silu", "use_sliding_window": False, "layer_types": ["full_attention"] * 2,
-            "partial_rotary_factor": 1.0}
+REFUSED = {"hidden_act": "gelu", "layer_types": ["full_attention", "linear_attention"], "partial_rotary_factor": 0.5}
+ACCEPTED = {"hidden_act": "silu", "layer_types": ["full_attention"] * 2, "partial_rotary_factor": 1.0}
 
 
 def family_keys(model_type: str) -> set[str]:
@@ -101,12 +99,15 @@ def test_config_keys_partial_rotary_factor_is_refused_inside_the_rope_dict_too()
         ModelConfig.from_hf(d)
 
 
-def test_config_keys_a_sliding_layer_transformers_wrote_is_refused():
-    """Qwen2's own class with its sliding window on writes sliding layers into layer_types."""
+def test_config_keys_qwen_sliding_layers_are_read_as_transformers_writes_them():
+    """Qwen2's own class with its sliding window on writes sliding layers into layer_types (from
+    max_window_layers on); a list that says so while the flag is off is refused, naming the key."""
     hf = CONFIG_MAPPING["qwen2"](num_hidden_layers=4, use_sliding_window=True, sliding_window=64, max_window_layers=2)
-    d = {**hf.to_dict(), "use_sliding_window": False}  # even with the flag gone, the layer list still says so
+    assert ModelConfig.from_hf(hf).layer_windows == (None, None, 64, 64)
+    assert ModelConfig.from_hf({**hf.to_dict(), "layer_types": None}).layer_windows == (None, None, 64, 64)
+    assert ModelConfig.from_hf({**hf.to_dict(), "sliding_window": hf.max_position_embeddings}).layer_windows == ()
     with pytest.raises(ValueError, match="layer_types"):
-        ModelConfig.from_hf(d)
+        ModelConfig.from_hf({**hf.to_dict(), "use_sliding_window": False})
 
 
 @pytest.mark.parametrize("key", sorted(CHECKED))
@@ -150,4 +151,5 @@ def test_keys_a_config_json_leaves_out_read_as_transformers_reads_them(tmp_path,
     theta = (getattr(theirs, "rope_parameters", None) or {}).get("rope_theta") or theirs.rope_theta
     assert (ours.rms_norm_eps, ours.rope_theta, ours.num_key_value_heads) == (theirs.rms_norm_eps, theta, 2)
     window = getattr(theirs, "sliding_window", None) if model_type in ("mistral", "mixtral") else None
-    assert ours.max_position_embeddings == min(8192, window or 8192)  # a window shorter than the context caps it
+    assert ours.max_position_embeddings == 8192
+    assert ours.layer_windows == ((window,) * 2 if window else ())  # Mistral's 4096 slides in every layer

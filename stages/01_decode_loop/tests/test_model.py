@@ -61,9 +61,9 @@ def test_config_rejects_non_llama_models():
         ModelConfig.from_hf({"model_type": "llama", "vocab_size": 10, "hidden_size": 8,
                              "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
                              "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ValueError, match="sliding-window"):
+    with pytest.raises(ValueError, match="linear_attention"):
         ModelConfig.from_hf({"model_type": "qwen3", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
-                             "num_hidden_layers": 1, "num_attention_heads": 2, "use_sliding_window": True})
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "layer_types": ["linear_attention"]})
 
 
 def test_config_reads_transformers5_rope_parameters():

@@ -5,6 +5,7 @@ from transformers import AutoModelForCausalLM
 
 from course.s01_decode_loop import default_model
 from course.s01_decode_loop.attention import AttentionMetadata, FullCausalAttention
+from course.s01_decode_loop.config import ModelConfig
 from course.s01_decode_loop.testing import save_hf_folder, save_transformers_model, tiny_model
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 
@@ -139,37 +140,39 @@ def test_weights_first_use_converts_once_under_a_lock(tmp_path, monkeypatch):
     assert converted == [other / "SmolLM2-135M-Instruct"]  # only the other process's conversion
 
 
-def test_weights_a_mistral_sliding_window_is_served_within_the_window_and_refused_past_it(tmp_path, byte_tok):
-    """A Mistral config with `sliding_window` attends to the last W positions only. Full attention
-    is the same model while a sequence fits the window: within it, transformers' greedy tokens;
-    past it, a clear refusal (later stages refuse past max_position_embeddings too), never a
-    wrong answer."""
-    from transformers import MistralConfig, MistralForCausalLM
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_weights_sliding_window_models_equal_transformers_past_the_window(tmp_path, byte_tok, family):
+    """A Mistral config with `sliding_window` (every layer slides), and Qwen2 with use_sliding_window
+    (the layers from max_window_layers on slide): loaded from a folder, our greedy tokens equal
+    transformers' for prompts and generations well past the window."""
+    from transformers import CONFIG_MAPPING
 
-    from course.s01_decode_loop.config import ModelConfig
     from course.s01_decode_loop.generate import generate_naive
     from course.s01_decode_loop.sampling import SamplingParams
-    from course.s01_decode_loop.testing import greedy_reference
+    from course.s01_decode_loop.testing import greedy_reference_uncached
 
-    window = 12
-    config = MistralConfig(vocab_size=258, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
-                           max_position_embeddings=512, eos_token_id=257)
+    window = 6
+    extra = {"use_sliding_window": True, "max_window_layers": 1} if family == "qwen2" else {}
+    config = CONFIG_MAPPING[family](vocab_size=258, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                    num_attention_heads=4, num_key_value_heads=2, sliding_window=window,
+                                    max_position_embeddings=512, eos_token_id=257, **extra)
     hf = save_transformers_model(config, byte_tok, tmp_path)
     loaded = load_model(tmp_path)
-    assert (loaded.config.sliding_window, loaded.config.max_position_embeddings) == (window, window)
-    prompt = [5, 6, 7, 8]
-    ours = generate_naive(loaded.model, byte_tok, prompt,
-                          SamplingParams(max_new_tokens=window - len(prompt), temperature=0.0, ignore_eos=True))
-    assert ours.token_ids == greedy_reference(hf, prompt, window - len(prompt))[0]
-    longer = list(range(5, 5 + window + 3))
-    with pytest.raises(ValueError, match="sliding window"):
-        generate_naive(loaded.model, byte_tok, longer, SamplingParams(max_new_tokens=2))
-    # past the window, transformers' windowed model and full attention really differ: refusing matters
-    full = MistralForCausalLM(MistralConfig(**{**config.to_dict(), "sliding_window": None})).eval()
+    assert loaded.config.layer_windows == ((window,) * 3 if family == "mistral" else (None, window, window))
+    for prompt in ([5, 6, 7], list(range(5, 5 + 3 * window)), list(range(40, 40 + 5 * window + 1))):
+        ours = generate_naive(loaded.model, byte_tok, prompt,
+                              SamplingParams(max_new_tokens=2 * window, temperature=0.0, ignore_eos=True))
+        assert ours.token_ids == greedy_reference_uncached(hf, prompt, 2 * window)
+    # past the window, the windowed model and full attention really differ: the mask matters
+    full = type(hf)(CONFIG_MAPPING[family](**{**config.to_dict(), "sliding_window": None,
+                                              "use_sliding_window": False, "layer_types": None})).eval()
     full.load_state_dict(hf.state_dict())
     with torch.no_grad():
-        ids = torch.tensor([longer])
+        ids = torch.tensor([list(range(5, 5 + 3 * window))])
         assert not torch.allclose(hf(ids).logits[0, -1], full(ids).logits[0, -1], atol=1e-4)
-    # a window no sequence can leave changes nothing
-    assert ModelConfig.from_hf({**config.to_dict(), "sliding_window": 4096}).sliding_window is None
+    # a backend not built for the windows is refused by name, never run as full attention
+    meta = AttentionMetadata.for_full_sequences([4])
+    with pytest.raises(ValueError, match="windows"):
+        loaded.model(torch.tensor([5, 6, 7, 8]), FullCausalAttention(), meta)
+    # a window no sequence can leave is full attention
+    assert ModelConfig.from_hf({**config.to_dict(), "sliding_window": 512}).layer_windows == ()

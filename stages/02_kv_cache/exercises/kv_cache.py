@@ -25,9 +25,10 @@ class KVCache:
 
 
 class ContiguousKVAttention:
-    def forward(self, layer, q, k, v, meta: AttentionMetadata):
+    def forward(self, layer, q, k, v, meta: AttentionMetadata, sinks=None):
         """One sequence per forward (ValueError otherwise). The new tokens are the last
         q.shape[0] of a sequence of `meta.seq_lens[0]` tokens: append their k, v to the cache at
         the right start, then attend q over the whole cached prefix (stage 01's
-        `causal_attention`, with `q_start` = the number of positions cached before this step)."""
+        `causal_attention`, with `q_start` = the number of positions cached before this step,
+        and the layer's `window=self.window(layer)` and `sinks`)."""
         raise NotImplementedError("exercise: stages/02_kv_cache/exercises/kv_cache.py ContiguousKVAttention.forward")

@@ -49,6 +49,7 @@ class CpuPagedBackend(PlannedBackend):
 
     name = "cpu"
     tree_masks = True   # a speculative tree's rows attend to their paths only (attention.c)
+    serves_windows = False  # attention.c attends every row from its sequence's first key
     fused_ops = CpuOps  # ops.c's norm, RoPE and SwiGLU for the per-op path
 
     def __init__(self, cache: PagedKVCache, one_call_layers: bool = True):

@@ -81,45 +81,60 @@ class PlannedTorchBackend(PlannedBackend):
             return super().forward(layer, q, k, v, meta)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         out, bs = torch.empty_like(q), self.cache.block_size
+        window = self.window(layer)
         for g in meta.plan.decodes:
-            out[g.rows] = decode_attention_sdpa(q[g.rows], k_pool, v_pool, g.tables, g.lens)
+            out[g.rows] = decode_attention_sdpa(q[g.rows], k_pool, v_pool, g.tables, g.lens, window)
         for b, start, end, total in meta.plan.prefills:
             blocks = meta.block_tables[b, : -(-total // bs)]
             k_seq, v_seq = k_pool[blocks].flatten(0, 1)[:total], v_pool[blocks].flatten(0, 1)[:total]
             tree = meta.trees.get(b) if meta.trees else None
             if tree is not None:  # a speculative tree: the prefix, then each row's own path
-                out[start:end] = tree_attention_sdpa(q[start:end], k_seq, v_seq, tree.to(q.device))
+                out[start:end] = tree_attention_sdpa(q[start:end], k_seq, v_seq, tree.to(q.device), window)
             else:
-                out[start:end] = causal_attention_sdpa(q[start:end], k_seq, v_seq, q_start=total - (end - start))
+                out[start:end] = causal_attention_sdpa(q[start:end], k_seq, v_seq, q_start=total - (end - start),
+                                                       window=window)
         return out
 
 
-def decode_attention_sdpa(q, k_pool, v_pool, block_tables, seq_lens):
+def decode_attention_sdpa(q, k_pool, v_pool, block_tables, seq_lens, window=None):
     """decode_attention_gather's math through torch's fused SDPA (grouped query heads
     included): q [B, H, D] -> [B, H, D]."""
     keys = k_pool[block_tables].flatten(1, 2).transpose(1, 2)  # [B, Hkv, W*bs, D]
     values = v_pool[block_tables].flatten(1, 2).transpose(1, 2)
-    valid = torch.arange(keys.shape[2], device=q.device)[None, :] < seq_lens[:, None]  # [B, L]
+    span = torch.arange(keys.shape[2], device=q.device)[None, :]
+    valid = span < seq_lens[:, None]  # [B, L]
+    if window is not None:
+        valid &= span >= seq_lens[:, None] - window
     out = F.scaled_dot_product_attention(q[:, :, None, :], keys, values, attn_mask=valid[:, None, None, :],
                                          enable_gqa=True)
     return out[:, :, 0]
 
 
-def causal_attention_sdpa(q, k, v, q_start: int):
+def causal_attention_sdpa(q, k, v, q_start: int, window: int | None = None):
     """Stage 01's causal_attention through torch's fused SDPA: q [Tq, H, D] at positions
     q_start.., k/v [Tk, Hkv, D] at 0..Tk-1."""
     tq, tk = q.shape[0], k.shape[0]
-    allowed = torch.arange(tk, device=q.device)[None, :] <= torch.arange(q_start, q_start + tq, device=q.device)[:, None]
+    key_pos = torch.arange(tk, device=q.device)[None, :]
+    query_pos = torch.arange(q_start, q_start + tq, device=q.device)[:, None]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=allowed, enable_gqa=True)
     return out.transpose(0, 1)
 
 
-def tree_attention_sdpa(q, k, v, tree: torch.Tensor):
+def tree_attention_sdpa(q, k, v, tree: torch.Tensor, window: int | None = None):
     """A speculative tree's n rows (the last n of k/v [Tk, Hkv, D]): every row sees the Tk - n
-    keys before the tree and, of the tree's, those `tree` [n, n] allows (its path)."""
+    keys before the tree and, of the tree's, those `tree` [n, n] allows (its path). In a sliding
+    layer, only keys less than `window` positions behind the row's own: a node's position is the
+    tree's first plus its depth (its path's length less one)."""
     n, tk = q.shape[0], k.shape[0]
     allowed = torch.cat([torch.ones(n, tk - n, dtype=torch.bool, device=q.device), tree], dim=1)
+    if window is not None:
+        node_pos = tk - n + tree.sum(1) - 1  # [n]
+        key_pos = torch.cat([torch.arange(tk - n, device=q.device), node_pos])
+        allowed &= key_pos[None, :] > node_pos[:, None] - window
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
                                          attn_mask=allowed, enable_gqa=True)
     return out.transpose(0, 1)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 
 
-def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_tables, seq_lens):
+def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_tables, seq_lens, window=None):
     """torch_backend.decode_attention_gather for a ragged step: q [T, H, D], rows
     cu_seqlens_q[b]:[b+1] of sequence b at `positions`; block_tables [B, W]; seq_lens [B].
-    Returns [T, H, D] in q's dtype; each row sees its sequence's keys up to its own position."""
+    Returns [T, H, D] in q's dtype; each row sees its sequence's keys up to its own position
+    (in a sliding layer, its last `window` positions)."""
     t, h, d = q.shape
     num_seqs, kv_heads = seq_lens.shape[0], k_pool.shape[2]
     rows = torch.arange(t, device=q.device)
@@ -27,6 +28,8 @@ def varlen_attention_gather(q, k_pool, v_pool, cu_seqlens_q, positions, block_ta
     scores = torch.einsum("tngd,tlnd->tngl", qg, keys.float()) * d ** -0.5
     span = torch.arange(keys.shape[1], device=q.device)[None, :]
     visible = (span <= positions[:, None]) & (span < seq_lens[seq][:, None]) & owned[:, None]  # [T, L]
+    if window is not None:
+        visible &= span > positions[:, None] - window
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     weights = torch.where(visible[:, None, None, :], scores.softmax(-1), 0.)  # an all-masked row: 0, not NaN
     out = torch.einsum("tngl,tlnd->tngd", weights.nan_to_num(0.), values.float())
