@@ -25,7 +25,7 @@ from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.heap import freeze_startup_heap
-from .launch.kv_pool import num_kv_blocks, parse_size
+from .launch.kv_pool import describe_windows, num_kv_blocks, parse_size
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
 from .speculation.trees import TreeDrafting
@@ -115,6 +115,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
         print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens"
               + (f"; {human(kv_memory)}: {kv_source}" if kv_memory is not None else "")
               + f"; {str(kv_dtype).removeprefix('torch.')}, {human(per_token)} a token); {sizes}", file=sys.stderr)
+        if windows := describe_windows(loaded.model.config, args.block_size):
+            print(f"KV cache: {windows}", file=sys.stderr)
         config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                     kv_cache_dtype=args.kv_cache_dtype,
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,

@@ -84,3 +84,18 @@ def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype,
     tokens = max(args.max_num_batched_tokens or GPU_BUDGET, args.max_num_seqs or GPU_SEQS)
     reserve = step_reserve(model_config, tokens, dtype)
     return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, reserved_blocks, memory_info)
+
+
+def describe_windows(model_config, block_size: int) -> str | None:
+    """What sliding-window layers do to the pool, for the start-up line; None without them."""
+    windows = model_config.layer_windows
+    if not windows:
+        return None
+    sliding = [w for w in windows if w is not None]
+    if len(sliding) == len(windows) and len(set(sliding)) == 1:
+        held = sliding[0] // block_size + 2
+        return (f"sliding window of {sliding[0]} tokens in every layer: a sequence holds at most {held} blocks "
+                f"({held * block_size} tokens) however long it grows; blocks behind the window are released")
+    return (f"sliding window of {max(sliding)} tokens in {len(sliding)} of {len(windows)} layers: masked in "
+            "attention; the full-attention layers read every block, so a sequence keeps them all")
+

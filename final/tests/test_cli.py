@@ -67,6 +67,31 @@ def test_cli_serves_a_qwen3_folder_transformers_wrote(tmp_path, byte_tok):
     assert (card["id"], card["architecture"]) == ("qwen3-tiny", "Qwen3ForCausalLM")
 
 
+def test_cli_serves_a_sliding_window_mistral_folder(tmp_path, byte_tok):
+    """A Mistral whose window (6) is far shorter than the prompt plus the answer: greedy tokens
+    equal transformers' own full forward, and the start-up says what the window does to the pool."""
+    from transformers import MistralConfig
+
+    from course.s01_decode_loop.testing import greedy_reference_uncached, save_transformers_model
+
+    config = MistralConfig(vocab_size=258, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=6,
+                           max_position_embeddings=512, bos_token_id=256, eos_token_id=257)
+    hf = save_transformers_model(config, byte_tok, tmp_path)
+    prompt = list(range(40, 60))
+    proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--block-size", "4", "--attention-backend", "torch")
+    try:
+        body = {"prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+        out = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        card = httpx.get(url + "/v1/models").json()["data"][0]
+    finally:
+        assert stop(proc) == 0
+    tokens = out["choices"][0]["logprobs"]["tokens"]
+    assert tokens == [byte_tok.decode([t]) for t in greedy_reference_uncached(hf, prompt, 16)]
+    assert card["architecture"] == "MistralForCausalLM"
+    assert "sliding window of 6 tokens in every layer: a sequence holds at most 3 blocks" in proc.stdout.read()
+
+
 def test_cli_sigterm_drains_then_exits_cleanly(tiny_folder):
     """SIGTERM with a stream in flight: the stream ends properly (finished, or stopped with a
     shutdown error event), the process exits 0 on its own, having said it drained."""

@@ -46,6 +46,20 @@ def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
     return init_random_weights(CausalLM(TINY_CONFIGS[name]), seed).to(dtype).eval()
 
 
+def windowed_model(window: int = 6, every_layer: bool = True, seed: int = 0, base: str = "gqa_tied") -> CausalLM:
+    """A tiny model whose layers slide over `window` positions: every layer (Mistral's way, so
+    blocks behind the window can be released), or the last layer only (full and sliding layers
+    side by side, as Qwen's max_window_layers or Gemma 3's pattern)."""
+    import dataclasses
+
+    config = TINY_CONFIGS[base]
+    n = config.num_hidden_layers
+    types = ["sliding_attention"] * n if every_layer else ["full_attention"] * (n - 1) + ["sliding_attention"]
+    torch.manual_seed(seed)
+    model = CausalLM(dataclasses.replace(config, sliding_window=window, layer_types=types))
+    return init_random_weights(model, seed).eval()
+
+
 def byte_tokenizer():
     """A byte-level tokenizer with one token per byte (ids 0..255), <s>=256, </s>=257, built
     offline with the `tokenizers` library: enough to run the whole pipeline on tiny models."""

@@ -15,6 +15,12 @@ reads. Two places where that matters:
     block is not taken from the cache but recomputed into a private block;
   * `fork` (parallel sampling) shares the full blocks and gives the child a private copy of
     the partial last block: the caller copies that block's K/V (copy at fork time).
+
+Sliding windows: when every layer of the model attends only to its last `window` positions, a
+block that lies wholly before the window of every query still to come is never read again. As
+a sequence's computed length passes it, the block is released (to the cache, if named, or to
+the free list): a long generation holds about window / block_size + 1 blocks, not its length.
+Its entry stays in the table (positions still index it), but attention never reads it.
 """
 from __future__ import annotations
 
@@ -44,8 +50,15 @@ class Block:
     block_hash: bytes | None = None  # set once the block is full and its K/V computed
 
 
+def uniform_window(layer_windows: tuple[int | None, ...]) -> int | None:
+    """The window, when every layer slides over the same one (blocks behind it can go); else None:
+    a layer that attends to everything (Gemma 3's global layers) still reads every block."""
+    return layer_windows[0] if layer_windows and None not in layer_windows and len(set(layer_windows)) == 1 else None
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 window: int | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.block_size = block_size
@@ -56,6 +69,8 @@ class BlockManager:
         self.hash_to_block: dict[bytes, int] = {}              # every hashed block, used or not
         self.tables: dict[int, list[int]] = {}                  # seq_id -> block ids
         self.hashed: dict[int, tuple[int, bytes | None]] = {}  # seq_id -> (blocks named, last hash)
+        self.window = window                                    # every layer's sliding window, or None
+        self.released: dict[int, int] = {}                      # seq_id -> leading blocks behind the window
         self.prefix_hit_tokens = 0                              # statistics
         self.prompt_tokens = 0
 
@@ -63,6 +78,10 @@ class BlockManager:
     @property
     def num_blocks(self) -> int:
         return len(self.blocks)
+
+    def blocks_held(self, seq_id: int) -> int:
+        """Blocks the sequence holds now (its table, less those released behind the window)."""
+        return len(self.tables[seq_id]) - self.released.get(seq_id, 0)
 
     @property
     def num_free_blocks(self) -> int:
@@ -141,12 +160,17 @@ class BlockManager:
     def commit(self, seq_id: int, token_ids: list[int], num_tokens: int | None = None) -> None:
         """The first `num_tokens` of `token_ids` (default: all) now have K/V in the cache: name
         each newly full block by its hash so later requests can reuse it. (A count, so an engine
-        passes a sequence's whole id buffer instead of copying its computed prefix.)"""
-        if not self.enable_prefix_caching:
-            return
+        passes a sequence's whole id buffer instead of copying its computed prefix.) With a sliding
+        window, the blocks now wholly behind it are released."""
+        num_tokens = len(token_ids) if num_tokens is None else num_tokens
+        if self.enable_prefix_caching:
+            self._name_full_blocks(seq_id, token_ids, num_tokens)
+        if self.window is not None:
+            self._release_behind_window(seq_id, num_tokens)
+
+    def _name_full_blocks(self, seq_id: int, token_ids, num_tokens: int) -> None:
         table = self.tables[seq_id]
         done, prev = self.hashed[seq_id]
-        num_tokens = len(token_ids) if num_tokens is None else num_tokens
         for i in range(done, num_tokens // self.block_size):
             prev = hash_block(prev, token_ids[i * self.block_size:(i + 1) * self.block_size])
             block = self.blocks[table[i]]
@@ -154,6 +178,16 @@ class BlockManager:
                 block.block_hash = prev
                 self.hash_to_block[prev] = block.block_id
             self.hashed[seq_id] = (i + 1, prev)
+
+    def _release_behind_window(self, seq_id: int, num_tokens: int) -> None:
+        """Every query still to come sits at a position >= num_tokens (a rollback never goes below
+        the computed length) and sees keys from its position - window + 1 on: a block whose last
+        position is below num_tokens - window + 1 is never read again."""
+        table, done = self.tables[seq_id], self.released.get(seq_id, 0)
+        dead = min(max(0, (num_tokens - self.window + 1) // self.block_size), len(table))
+        for b in table[done:dead]:
+            self._release(b)
+        self.released[seq_id] = max(done, dead)
 
     def fork(self, parent_id: int, child_id: int) -> list[tuple[int, int]]:
         """The child shares the parent's full blocks; its partial last block is a private
@@ -163,7 +197,8 @@ class BlockManager:
         shared = table[:-1] if partial else list(table)
         if partial and self.num_free_blocks < 1:
             raise NoFreeBlocksError("no free block for the forked sequence's last block")
-        for b in shared:
+        released = self.released.get(parent_id, 0)  # behind the window: not held, not taken
+        for b in shared[released:]:
             self._take(b)
         copies = []
         if partial:
@@ -172,22 +207,28 @@ class BlockManager:
             shared = shared + [dst]
         self.tables[child_id] = shared
         self.hashed[child_id] = self.hashed[parent_id]
+        if released:
+            self.released[child_id] = released
         return copies
 
     def free(self, seq_id: int) -> None:
         """Release a sequence's blocks. Hashed blocks stay cached; the tail is freed first so
         that eviction takes the ends of prefixes before their beginnings."""
-        for b in reversed(self.tables.pop(seq_id)):
-            block = self.blocks[b]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.block_hash is not None:
-                    self.cached_free[block.block_hash] = b
-                else:
-                    self.free_ids.append(b)
+        table, released = self.tables.pop(seq_id), self.released.pop(seq_id, 0)
+        for b in reversed(table[released:]):
+            self._release(b)
         del self.hashed[seq_id]
 
     # ---- internals ----------------------------------------------------------------------
+    def _release(self, b: int) -> None:
+        block = self.blocks[b]
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.block_hash is not None:
+                self.cached_free[block.block_hash] = b
+            else:
+                self.free_ids.append(b)
+
     def _take(self, b: int) -> None:
         block = self.blocks[b]
         if block.ref_count == 0:

@@ -22,7 +22,7 @@ import torch
 from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEvent
-from course.s03_paged.block_manager import BlockManager
+from course.s03_paged.block_manager import BlockManager, uniform_window
 from course.s03_paged.engine import check_fits
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from course.s03_paged.quantized_kv import storage_dtype
@@ -72,7 +72,9 @@ class LLMEngine:
         self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
                                   model.dtype, model.device, storage_dtype(config.kv_cache_dtype, model.dtype))
         self.attn = PagedAttention(self.cache)
-        self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        # a model whose every layer slides over one window lets blocks behind it go (block_manager.py)
+        self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
+                                   window=uniform_window(model.config.layer_windows))
         if scheduler_cls is None:  # FCFS by default; a policy that displaces needs the scheduler that can
             scheduler_cls = PriorityScheduler if policy is not None and policy.displaces else Scheduler
         self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,

@@ -65,6 +65,9 @@ class DisaggEngine(LLMEngine):
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=HoldingScheduler, **kwargs)
         self.disagg = disagg or DisaggConfig()
         self.connector = connector
+        # a prompt's blocks are shipped whole and named in the receiver's prefix cache: none may be
+        # released behind a sliding window first (the window still masks attention)
+        self.blocks.window = None
         if connector is not None:
             connector.register_kv_cache(self.cache)
         self.layout = KVLayout.of(self.cache)

@@ -46,5 +46,7 @@ class BlockManager:
 
         Drop one reference from each block, last block first; a block nobody references any more
         goes to `self.cached_free` (keyed by its hash) if it is named, else back to
-        `self.free_ids`. Forget `self.tables[seq_id]` and `self.hashed[seq_id]`."""
+        `self.free_ids` (`self._release(b)` does that for one block). Forget `self.tables[seq_id]`
+        and `self.hashed[seq_id]`. A sliding-window sequence already released its first
+        `self.released.get(seq_id, 0)` blocks: skip them, and forget its entry there too."""
         raise NotImplementedError("exercise: stages/03_paged/exercises/block_manager.py BlockManager.free")
