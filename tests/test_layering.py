@@ -94,6 +94,9 @@ LESSON_IMPORTS_ROOM: dict[tuple[str, str], str] = {
     ("stages/01_decode_loop/config.py", "course.s01_decode_loop.moe"): MOE_FAMILY,
     ("stages/01_decode_loop/model.py", "course.s01_decode_loop.moe"): MOE_FAMILY,
     ("stages/01_decode_loop/weights.py", "course.s01_decode_loop.moe"): MOE_FAMILY,
+    ("stages/01_decode_loop/weights.py", "course.s01_decode_loop.families"):
+        "the loader asks the families room for the model_type a config names (Gemma 3, gpt-oss, Qwen3-Next); "
+        "the lesson's model stays the Llama shape",
 }
 
 

@@ -53,6 +53,12 @@ class AttentionBackend(ABC):
     # serves such a model takes them from the config (its cache's), and the model checks they match
     windows: tuple[int | None, ...] = ()
 
+    # linear-attention layers (families/qwen3_next.py) keep a fixed-size state per sequence instead
+    # of K/V. None: no states kept, so such a layer runs whole sequences from an empty state (stage
+    # 01's way); an engine that continues sequences hands its backend a state cache here (stage 04's
+    # hybrid/: load(layer, b), cuts(b), save(layer, b, rows, state))
+    recurrent = None
+
     # attention sinks (gpt-oss): a model with sinks passes each layer's as forward(..., sinks=[H]),
     # to a backend that says it takes them
     takes_sinks = False

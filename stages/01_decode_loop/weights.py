@@ -14,6 +14,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import ModelConfig
+from .config_keys import CONFIG_FAMILIES
+from .families import FAMILIES, family_classes
 from .model import CausalLM
 from .moe.checkpoint import stack_experts
 
@@ -56,9 +58,40 @@ def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def read_config(path: Path) -> ModelConfig:
+    """config.json as our config: the Llama shapes' ModelConfig, or a family's (families/), the keys
+    it leaves out filled as transformers' class for its model_type fills them."""
+    from transformers import AutoConfig
+
+    d = json.loads(path.read_text())
+    classes = family_classes(d.get("model_type"))
+    if classes is None:
+        if d.get("model_type") not in CONFIG_FAMILIES:
+            raise ModelLoadError(f"model_type {d.get('model_type')!r} is not a family this engine implements; "
+                                 f"supported: {', '.join(CONFIG_FAMILIES + tuple(FAMILIES))}")
+        return ModelConfig.from_json(path)
+    return classes[0].from_hf({**AutoConfig.for_model(**d).to_dict(), **d})
+
+
+def build_family_model(config: ModelConfig, state: dict[str, torch.Tensor], dtype, device) -> CausalLM:
+    """A families/ model: built where it will run (its own buffers, e.g. two RoPE tables, made
+    as it builds them), then the HF-named weights loaded; a tied lm_head may be absent."""
+    model = family_classes(config.model_type)[1](config)
+    result = model.load_state_dict(stack_experts(state), strict=False)  # Qwen3-Next's experts, as saved
+    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    missing = [k for k in result.missing_keys if k not in tied]
+    unexpected = [k for k in result.unexpected_keys if not k.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        raise ModelLoadError(f"The checkpoint does not fit this {config.model_type} model: missing "
+                             f"{missing[:3]}, unexpected {unexpected[:3]}.")
+    return model.to(device=device, dtype=dtype).eval()
+
+
 def build_model(config: ModelConfig, state: dict[str, torch.Tensor],
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> CausalLM:
     """Instantiate our CausalLM and load a HF-named state dict into it."""
+    if config.model_type in FAMILIES:
+        return build_family_model(config, state, dtype, device)
     with torch.device("meta"):
         model = CausalLM(config)
     if config.tie_word_embeddings:
@@ -82,7 +115,7 @@ def load_hf_dir(path: Path, dtype=torch.float32, device="cpu") -> LoadedModel:
 
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: not a Hugging Face model folder.")
-    config = ModelConfig.from_json(path / "config.json")
+    config = read_config(path / "config.json")
     model = build_model(config, read_safetensors_dir(path), dtype, device)
     return LoadedModel(model, AutoTokenizer.from_pretrained(path), path)
 

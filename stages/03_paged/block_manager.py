@@ -70,6 +70,10 @@ class BlockManager:
         self.tables: dict[int, list[int]] = {}                  # seq_id -> block ids
         self.hashed: dict[int, tuple[int, bytes | None]] = {}  # seq_id -> (blocks named, last hash)
         self.window = window                                    # every layer's sliding window, or None
+        # prefix hits are usable only up to where every layer can resume: (token_ids, hit tokens) ->
+        # usable tokens. None: all of them (K/V alone); a linear-attention layer also needs its state
+        # saved there (stage 04's hybrid/)
+        self.prefix_limit = None
         self.released: dict[int, int] = {}                      # seq_id -> leading blocks behind the window
         self.prefix_hit_tokens = 0                              # statistics
         self.prompt_tokens = 0
@@ -104,6 +108,8 @@ class BlockManager:
             hits.append(self.hash_to_block[prev])
         if len(hits) * self.block_size >= len(token_ids):
             hits.pop()  # all cached: recompute the last block privately (see the module doc)
+        if self.prefix_limit is not None and hits:
+            hits = hits[: self.prefix_limit(token_ids, len(hits) * self.block_size) // self.block_size]
         return hits
 
     def can_allocate(self, token_ids: list[int]) -> bool:

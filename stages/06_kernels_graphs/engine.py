@@ -9,7 +9,7 @@ options marked as theirs (`register_extension`; its hooks name the room that use
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable
 
 import torch
@@ -95,6 +95,8 @@ class LLMEngine(BatchingEngine):
 
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
+        if config.fused and not FusedCausalLM.covers(model):  # another family: its own forward, unfused
+            config = replace(config, fused=False)
         super().__init__(FusedCausalLM(model) if config.fused else model, tokenizer, config, eos_token_ids, **kw)
         self.extensions = self.make_extensions()
         model = self.prepare_module(self.model)

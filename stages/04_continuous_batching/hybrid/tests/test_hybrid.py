@@ -1,0 +1,89 @@
+"""A hybrid model (Qwen3-Next: gated DeltaNet layers beside full attention) in the batched engine:
+the same tokens as stage 01's whole-sequence recompute through chunked prefill, batching and
+preemption, and prefix caching that resumes the recurrent state from a snapshot."""
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from course.s01_decode_loop.families.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM, tiny_config
+from course.s01_decode_loop.generate import generate_naive
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
+from course.s04_continuous_batching.hybrid.engine import HybridStates
+from course.s04_continuous_batching.hybrid.states import RecurrentStates
+
+BLOCK = 4
+
+
+class HybridEngine(HybridStates, LLMEngine):
+    pass
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(tiny_config()).eval()
+    ours = Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(hf.config))
+    ours.load_state_dict(hf.state_dict())
+    return ours.eval()
+
+
+def greedy(n):
+    return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
+
+
+def prompts(lens, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in lens]
+
+
+@pytest.mark.parametrize("budget,num_blocks", [(5, 64), (64, 64), (32, 10)], ids=["chunks", "whole", "preempting"])
+def test_hybrid_batched_equals_whole_sequence_recompute(model, byte_tok, budget, num_blocks):
+    lens, outs_n = [3, 29, 17, 9], [12, 8, 10, 14]
+    engine = HybridEngine(model, byte_tok, EngineConfig(num_blocks=num_blocks, block_size=BLOCK,
+                                                        max_num_batched_tokens=budget))
+    outs = engine.generate(prompts(lens), [greedy(n) for n in outs_n])
+    for p, n, out in zip(prompts(lens), outs_n, outs):
+        assert out.token_ids == generate_naive(model, byte_tok, p, greedy(n)).token_ids
+    if num_blocks == 10:
+        assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
+    assert engine.blocks.num_free_blocks == num_blocks and not engine.states.current
+
+
+def test_hybrid_prefix_hit_resumes_the_state_and_recomputes_at_most_one_block(model, byte_tok):
+    """A second request sharing a cached 64-token prefix resumes from the snapshot at its deepest
+    boundary (with the last block recomputed when the whole prompt is cached) and answers as a cold run."""
+    engine = HybridEngine(model, byte_tok, EngineConfig(num_blocks=128, block_size=BLOCK, max_num_batched_tokens=24))
+    shared = prompts([64], seed=3)[0]
+    engine.generate([shared + [1, 2, 3]], [greedy(6)])
+    second = shared + [7, 8]
+    hit_before = engine.blocks.prefix_hit_tokens
+    out = engine.generate([second], [greedy(8)])[0]
+    assert engine.blocks.prefix_hit_tokens - hit_before >= 64 - BLOCK
+    assert engine.states.restored_tokens >= 64 - BLOCK
+    assert out.token_ids == generate_naive(model, byte_tok, second, greedy(8)).token_ids
+
+
+def test_hybrid_without_a_snapshot_the_hit_stops_where_one_is(model, byte_tok):
+    """Snapshots only every 4 blocks: a hit is cut to the deepest of them, never resumed without a state."""
+    engine = HybridEngine(model, byte_tok, EngineConfig(num_blocks=128, block_size=BLOCK),
+                          state_interval=4 * BLOCK)
+    shared = prompts([27], seed=5)[0]
+    engine.generate([shared], [greedy(2)])
+    before = engine.blocks.prefix_hit_tokens
+    second = shared + [9]
+    out = engine.generate([second], [greedy(5)])[0]
+    assert engine.blocks.prefix_hit_tokens - before == 16  # 24 tokens of whole blocks cached, snapshots at 16
+    assert out.token_ids == generate_naive(model, byte_tok, second, greedy(5)).token_ids
+
+
+def test_hybrid_state_snapshots_must_fall_on_blocks():
+    with pytest.raises(ValueError, match="multiple of the block"):
+        RecurrentStates([0], block_size=4, interval=6)
+
+
+def test_hybrid_the_plain_engine_refuses_by_name(model, byte_tok):
+    """Without the state cache a linear layer would continue from an empty state: refused, never wrong."""
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=BLOCK, max_num_batched_tokens=5))
+    with pytest.raises(ValueError, match="whole sequences"):
+        engine.generate(prompts([12]), [greedy(3)])
