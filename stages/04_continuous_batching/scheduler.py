@@ -115,6 +115,8 @@ class Scheduler:
                 break
             if resident:
                 self.blocks.append_slot(req.request_id, req.num_computed_tokens + n)
+            elif self.blocks.window is not None:  # a sliding window: a long prompt's blocks come chunk by
+                self.blocks.truncate(req.request_id, req.num_computed_tokens + n)  # chunk, and go behind it
             self.waiting.pop(0)
             req.status = Status.RUNNING
             self.running.append(req)

@@ -17,13 +17,20 @@ tokens = st.lists(st.integers(0, 2), min_size=1, max_size=14)  # tiny alphabet: 
 
 def snapshot(bm: BlockManager):
     return copy.deepcopy((bm.blocks, list(bm.free_ids), list(bm.cached_free.items()), bm.hash_to_block,
-                          bm.tables, bm.hashed))
+                          bm.tables, bm.hashed, bm.released))
+
+
+def held(bm: BlockManager, sid: int) -> list[int]:
+    """The blocks a sequence holds: its table, less those released behind a sliding window."""
+    return bm.tables[sid][bm.released.get(sid, 0):]
 
 
 class BlockManagerMachine(RuleBasedStateMachine):
+    window = None
+
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(num_blocks=12, block_size=BS)
+        self.bm = BlockManager(num_blocks=12, block_size=BS, window=self.window)
         self.seqs: dict[int, list[int]] = {}  # seq_id -> its tokens (all computed)
         self.next_id = 0
 
@@ -78,7 +85,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
             assert snapshot(self.bm) == before
             return
         parent, child = self.bm.tables[sid], self.bm.tables[self.next_id]
-        assert len(child) == len(parent) and all(dst not in parent for _, dst in copies)
+        assert len(child) == len(parent) and all(dst not in held(self.bm, sid) for _, dst in copies)
+        assert held(self.bm, self.next_id)[:-1] == held(self.bm, sid)[:-1]  # shared, behind the window too
         self.seqs[self.next_id] = list(self.seqs[sid])
         self.next_id += 1
 
@@ -91,14 +99,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def ref_counts_equal_live_users(self):
-        users = Counter(b for table in self.bm.tables.values() for b in table)
+        users = Counter(b for sid in self.bm.tables for b in held(self.bm, sid))
         assert all(blk.ref_count == users[blk.block_id] for blk in self.bm.blocks)
 
     @invariant()
     def every_block_is_in_exactly_one_place(self):
         free = list(self.bm.free_ids) + list(self.bm.cached_free.values())
         assert len(free) == len(set(free)), "a block is free twice"
-        used = {b for table in self.bm.tables.values() for b in table}
+        used = {b for sid in self.bm.tables for b in held(self.bm, sid)}
         assert not used & set(free), "a used block is also free"
         assert used | set(free) == set(range(self.bm.num_blocks)), "a block leaked"
 
@@ -114,6 +122,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for sid, toks in self.seqs.items():
             assert len(self.bm.tables[sid]) == -(-len(toks) // BS)
 
+    @invariant()
+    def a_window_holds_only_what_it_still_reads(self):
+        """Every block holding a position the next query (at len(toks)) can see is held; with a
+        window, no more than window / block_size + 2 blocks are."""
+        for sid, toks in self.seqs.items():
+            first_seen = max(0, len(toks) - self.window + 1) if self.window else 0
+            assert self.bm.released.get(sid, 0) <= first_seen // BS
+            if self.window:
+                assert len(held(self.bm, sid)) <= self.window // BS + 2
+
     def teardown(self):
         for sid in list(self.seqs):
             self.bm.free(sid)
@@ -122,6 +140,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
 TestBlockManagerProperties = BlockManagerMachine.TestCase
 TestBlockManagerProperties.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+class WindowedBlockManagerMachine(BlockManagerMachine):
+    window = 5  # every layer slides over 5 positions: blocks behind it are released as sequences pass
+
+
+TestBlockManagerPropertiesWithAWindow = WindowedBlockManagerMachine.TestCase
+TestBlockManagerPropertiesWithAWindow.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
 
 
 def test_block_manager_prefix_hits_reuse_full_blocks_only():

@@ -11,6 +11,19 @@ from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
 WINDOW, BLOCK = 6, 4
 
 
+def record_held(engine, rid) -> list[int]:
+    """The blocks `rid` holds at each forward: after scheduling (its new blocks taken), before the
+    step's commit releases any: the peak of every step."""
+    held, run = [], engine._run
+
+    def counting_run(chunks, *args):
+        held.append(engine.blocks.blocks_held(rid))
+        return run(chunks, *args)
+
+    engine._run = counting_run
+    return held
+
+
 def greedy(n):
     return SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
 
@@ -44,12 +57,9 @@ def test_sliding_window_a_long_generation_holds_only_its_window(byte_tok):
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=32, block_size=BLOCK))
     prompt, n = prompts([5])[0], 8 * WINDOW
     rid = engine.add_request(prompt, greedy(n))
-    held, tokens = [], []
+    held, tokens = record_held(engine, rid), []
     while engine.has_unfinished():
-        for out in engine.step():
-            tokens += [out.event.token_id] if out.event else []
-        if rid in engine.blocks.tables:
-            held.append(engine.blocks.blocks_held(rid))
+        tokens += [out.event.token_id for out in engine.step() if out.event]
     assert tokens == generate_naive(model, byte_tok, prompt, greedy(n)).token_ids
     assert max(held) <= WINDOW // BLOCK + 2
     assert len(engine.blocks.tables) == 0 and engine.blocks.num_free_blocks == 32
@@ -74,3 +84,18 @@ def test_sliding_window_prefix_cache_hit_equals_a_cold_run(byte_tok):
     out = engine.generate([second], [greedy(10)])[0]
     assert engine.blocks.prefix_hit_tokens - before == 32  # every full block of the shared prefix
     assert out.token_ids == generate_naive(model, byte_tok, second, greedy(10)).token_ids
+
+
+def test_sliding_window_a_long_prompt_in_chunks_holds_only_its_window_and_a_chunk(byte_tok):
+    """A prompt 8x the window, prefilled in chunks: its blocks come chunk by chunk and go behind the
+    window, so it never holds more than (window + chunk) / block_size + 2 blocks."""
+    model = windowed_model(WINDOW, every_layer=True)
+    budget = 8
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=32, block_size=BLOCK, max_num_batched_tokens=budget))
+    prompt = prompts([8 * WINDOW], seed=2)[0]
+    rid = engine.add_request(prompt, greedy(4))
+    held, tokens = record_held(engine, rid), []
+    while engine.has_unfinished():
+        tokens += [out.event.token_id for out in engine.step() if out.event]
+    assert tokens == generate_naive(model, byte_tok, prompt, greedy(4)).token_ids
+    assert max(held) <= (WINDOW + budget) // BLOCK + 2
