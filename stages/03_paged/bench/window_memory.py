@@ -1,33 +1,25 @@
 """Memory a sequence needs at long context, for models beyond full attention: computed from each
-model's published shape, and measured on this engine with tiny models of the same layer pattern.
+model's published shape, and measured from the block manager's accounting.
 
-    python -m course.s04_continuous_batching.hybrid.memory [--context 8192] [--out results/window_memory.json]
+    python -m course.s03_paged.bench.window_memory [--context 8192]
 
-Per sequence at `context` tokens, K/V in bfloat16, states in float32, blocks of 16:
+Per sequence at `context` tokens, K/V in bfloat16, linear-attention states in float32, blocks of 16:
 * full attention: every layer keeps K/V for every position;
 * ideal: a sliding layer keeps its window (window / block + 2 blocks), a linear-attention layer
-  one state; what a pool with a layer group per rule (vLLM's hybrid manager) would hold;
-* this engine: the blocks its block manager holds, measured by running a tiny model with the
-  same layers and window over `context` tokens (prefilled in chunks of 1024), times the real
-  shape's bytes per block; plus the
-  states its state cache keeps. One block table serves every layer here, so a model with any
-  full-attention layer keeps every block in every layer, and the pool has K/V room in the
-  linear layers too.
+  one state: what a pool with a block table per layer group (vLLM's hybrid manager) holds;
+* this engine: the most blocks `BlockManager` holds while the sequence is prefilled in chunks of
+  512 and committed as stage 04's scheduler does (the first chunk's blocks at admission, then
+  each chunk's, committed after its step), times the bytes a block takes in every layer; plus a
+  linear layer's state (stage 04's hybrid/). One block table serves every layer here, so a model
+  with any full-attention layer keeps every block, in every layer: linear ones included.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 from pathlib import Path
 
-import torch
-
-from course.s01_decode_loop.model import CausalLM, init_random_weights
-from course.s01_decode_loop.sampling import SamplingParams
-from course.s01_decode_loop.testing import TINY_CONFIGS, byte_tokenizer
-
-from ..engine import EngineConfig, LLMEngine
+from ..block_manager import BlockManager, uniform_window
 
 FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
 
@@ -63,31 +55,20 @@ def computed(m: dict, context: int) -> dict:
             * len(m["layers"])}
 
 
-def measured_blocks(m: dict, context: int) -> int:
-    """The most blocks the engine's block manager held for one sequence of `context` tokens, with
-    a tiny model of the same layer kinds and window (a linear layer stands in as a full one:
-    the pool holds blocks for it alike)."""
-    kinds = [SLIDING if k == SLIDING else FULL for k in m["layers"]]
-    config = dataclasses.replace(TINY_CONFIGS["gqa_tied"], num_hidden_layers=len(kinds), hidden_size=32,
-                                 intermediate_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                 max_position_embeddings=context + 8, sliding_window=m["window"],
-                                 layer_types=kinds if m["window"] else None)
-    torch.manual_seed(0)
-    model = init_random_weights(CausalLM(config), 0).eval()
-    engine = LLMEngine(model, byte_tokenizer(), EngineConfig(num_blocks=context // BLOCK + 8, block_size=BLOCK,
-                                                             max_num_batched_tokens=1024, enable_prefix_caching=False))
-    prompt = torch.randint(0, 256, (context,), generator=torch.Generator().manual_seed(0)).tolist()
-    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=2, temperature=0, ignore_eos=True))
-    held, run = [], engine._run
-
-    def counting_run(chunks, *args):  # at each forward: its blocks taken, none released yet (the peak)
-        held.append(engine.blocks.blocks_held(rid))
-        return run(chunks, *args)
-
-    engine._run = counting_run
-    while engine.has_unfinished():
-        engine.step()
-    return max(held)
+def measured_blocks(m: dict, context: int, chunk: int = 512) -> int:
+    """The most blocks the block manager held for one sequence prefilled in chunks, each chunk's
+    blocks taken before its step and the whole computed prefix committed after it."""
+    windows = tuple(m["window"] if k == SLIDING else None for k in m["layers"])
+    bm = BlockManager(-(-context // BLOCK) + 1, BLOCK, enable_prefix_caching=False, window=uniform_window(windows))
+    ids = [i % 251 for i in range(context)]
+    bm.allocate(0, ids[:chunk])
+    most = bm.blocks_held(0)
+    bm.commit(0, ids, chunk)
+    for done in range(chunk, context, chunk):
+        bm.append_slot(0, min(done + chunk, context))
+        most = max(most, bm.blocks_held(0))
+        bm.commit(0, ids, min(done + chunk, context))
+    return most
 
 
 def main(argv=None) -> None:
@@ -108,7 +89,7 @@ def main(argv=None) -> None:
                "engine_vs_full": round(engine / c["full_attention_bytes"], 3)}
         rows.append(row)
         print(json.dumps(row))
-    command = "python -m course.s04_continuous_batching.hybrid.memory" + (
+    command = "python -m course.s03_paged.bench.window_memory" + (
         f" --context {args.context}" if args.context != 8192 else "")
     Path(args.out).write_text(json.dumps({"command": command, "block_size": BLOCK, "kv_dtype": "bfloat16",
                                           "state_dtype": "float32", "rows": rows}, indent=1) + "\n")
