@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from course.s04_continuous_batching.hybrid.states import linear_layers
 from course.s06_kernels_graphs.engine import BACKENDS
-from course.s06_kernels_graphs.fused_model import FusedCausalLM
+from course.s01_decode_loop.model import CausalLM
 
 
 def has_sinks(model) -> bool:
@@ -31,7 +31,7 @@ def fit_options(options: dict, args, model) -> tuple[dict, list[str]]:
         notes.append(f"{flag.split(' ')[0]} off: {why}")
 
     family = type(model).__name__
-    if not FusedCausalLM.covers(model):
+    if type(model) is not CausalLM:
         why = f"{family} runs its own forward (stage 06's fused layers are the Llama shape's)"
         drop("fused", "--fused", False, why)
         drop("linear_splits", "--linear-splits", 1, why)

@@ -99,12 +99,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
     if window is not None:
         hidden |= k_pos <= q_pos - window
     scores = scores.masked_fill(hidden, float("-inf"))
-    if sinks is not None:
-        sink = sinks.float()[:, None, None].expand(h, tq, 1)
-        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
-    else:
-        probs = scores.softmax(dim=-1)
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.float()[:, None, None])
     return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
+
+
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim, with each sink logit (broadcast to scores[..., :1]) one more term
+    in its denominator: weight given to no key at all."""
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    return torch.cat([scores, sinks.expand_as(scores[..., :1])], dim=-1).softmax(dim=-1)[..., :-1]
 
 
 class FullCausalAttention(AttentionBackend):

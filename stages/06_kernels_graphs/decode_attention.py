@@ -16,6 +16,9 @@ output and log-sum-exp, and a second small kernel merges them (rescaling by exp(
 An int8 pool (stage 03's quantized_kv.py) is read as it lies: a key's float16 scale multiplies
 its scores, a value's its softmax weights, so memory sees one byte per value.
 
+A sliding layer's query sees its last `window` keys only: the walk starts at the tile that
+holds the first, which alone masks keys, so a long sequence costs its window, not its length.
+
 Everything on the host comes from tensor shapes, never values, so the call is graph-capturable.
 """
 from __future__ import annotations
@@ -29,9 +32,9 @@ import triton.language as tl
 BLOCK_N = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # a full layer (0) and a sliding one share one kernel
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale, window,
     stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
@@ -51,13 +54,17 @@ def _decode_kernel(
                 mask=g_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
     q = q * scale
 
-    # This split's keys: table columns [split * cols, (split + 1) * cols), clipped to the sequence.
+    # This split's keys: table columns [split * cols, (split + 1) * cols), clipped to the sequence
+    # and to the window, from the tile holding its first key (whole tiles: a start at any key
+    # costs registers, spills at head dim 128 with int8 pools).
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # the first key the query sees
     lo = split * cols_per_split * PAGE
+    lo += (tl.maximum(first - lo, 0) // BLOCK_N) * BLOCK_N
     hi = tl.minimum((split + 1) * cols_per_split * PAGE, seq_len)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(lo, hi, BLOCK_N):  # an empty range for a split past the sequence's end
+    for start in range(lo, hi, BLOCK_N):  # empty for a split past the sequence's end or before its window
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < hi  # table padding and a partial page's NaN tail are never read
         page = tl.load(bt_ptr + b * stride_btb + (offs_n // PAGE) * stride_btw, mask=n_ok, other=0)
@@ -70,6 +77,8 @@ def _decode_kernel(
         if QUANTIZED:  # an int8 key's scale (one per token and KV head: at slot / HEAD_DIM) scales its scores
             s = s * tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[None, :]
         s = tl.where(n_ok[None, :], s, float("-inf"))
+        if start < first:  # the window's first tile (never without a window): hide the keys before it
+            s = tl.where(offs_n[None, :] >= first, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0., m_new)  # exp(-inf - -inf) would be NaN
         p = tl.exp(s - m_safe[:, None])
@@ -108,22 +117,24 @@ def _reduce_kernel(
     lse = tl.load(part_lse_ptr + row, mask=s_ok, other=float("-inf"))
     o = tl.load(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.)
     m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0., m)  # split 0 always holds a token, but never make NaN
+    m = tl.where(m == float("-inf"), 0., m)  # the split of the last key holds a token, but never make NaN
     w = tl.exp(lse - m)  # an empty split (lse = -inf) weighs exactly 0
     o = tl.sum(w[:, None] * o, axis=0) / tl.maximum(tl.sum(w, axis=0), 1e-30)
     tl.store(o_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, o.to(o_ptr.dtype.element_ty), mask=d_ok)
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=1,
-                           out=None, block_n=BLOCK_N, num_warps=None, k_scale=None, v_scale=None) -> torch.Tensor:
+                           out=None, block_n=BLOCK_N, num_warps=None, k_scale=None, v_scale=None,
+                           window: int | None = None) -> torch.Tensor:
     """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged
     pool k/v_cache [num_blocks, block_size, Hkv, D], whose pages are block_tables[b]. Returns
     [B, H, D] in q's dtype, written into `out` if given. num_splits > 1: split-K + reduce.
-    An int8 pool comes with k/v_scale [num_blocks, block_size, Hkv]. block_n (keys per tile, a
-    power of two) and num_warps are tuning knobs (bench/tune_decode.py)."""
+    An int8 pool comes with k/v_scale [num_blocks, block_size, Hkv]; a sliding layer, its
+    `window`. block_n and num_warps are tuning knobs (bench/tune_decode.py)."""
     B, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
+    assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert k_scale is None or (k_cache.dtype == torch.int8 and k_scale.is_contiguous() and v_scale.is_contiguous())
     if scale is None:
         scale = D ** -0.5
@@ -143,7 +154,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
     launch = {} if num_warps is None else {"num_warps": num_warps}
     _decode_kernel[(B, hkv, num_splits)](
         q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
-        out, part_o, part_lse, block_tables, seq_lens, float(scale),
+        out, part_o, part_lse, block_tables, seq_lens, float(scale), window or 0,
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_tables.stride(1),
         triton.cdiv(width, num_splits),

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from course.s01_decode_loop.model import CausalLM
 from course.s04_continuous_batching.engine import EngineConfig, StepOutput
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
@@ -95,7 +96,7 @@ class LLMEngine(BatchingEngine):
 
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
-        if config.fused and not FusedCausalLM.covers(model):  # another family: its own forward, unfused
+        if type(model) is not CausalLM:  # a family of its own (stage 01's families/): its forward, unfused
             config = replace(config, fused=False)
         super().__init__(FusedCausalLM(model) if config.fused else model, tokenizer, config, eos_token_ids, **kw)
         self.extensions = self.make_extensions()

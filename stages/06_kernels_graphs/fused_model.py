@@ -112,8 +112,6 @@ class FusedCausalLM(nn.Module):
 
     def __init__(self, model: CausalLM, ops=TorchOps):
         super().__init__()
-        if not self.covers(model):
-            raise ValueError(f"fused layers are written for stage 01's Llama shape, not {type(model).__name__}")
         self.config, self.ops = model.config, ops
         self.layer_kernels = None  # whole layers in one call each, a backend's (follow)
         self.rotary_in_attn = False  # the backend rotates q and k in its KV write (follow)
@@ -122,11 +120,6 @@ class FusedCausalLM(nn.Module):
         self.final_norm, self.lm_head = model.model.norm.weight, model.lm_head
         self.tap_layers: tuple[int, ...] = ()  # as stage 01's Decoder: layers a drafter also reads
         self.tapped: torch.Tensor | None = None
-
-    @staticmethod
-    def covers(model) -> bool:
-        """Stage 01's CausalLM itself: a family of its own (families/: Gemma 3, gpt-oss, ...) runs unfused."""
-        return type(model) is CausalLM
 
     def follow(self, backend: KernelBackend) -> "FusedCausalLM":
         """Run beside `backend`: its ops for the small work, and its layer kernels if it offers

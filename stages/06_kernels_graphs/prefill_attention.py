@@ -10,6 +10,9 @@ Everything else is bookkeeping. A sequence's new tokens are its last qlen positi
 prefix is just keys before the first query, read like any other key, and a decode is a query
 of length 1. Keys come from the paged pool through the block table, token by token, so a key
 tile may span several pages and any block size works. An int8 pool's codes are scaled as loaded.
+
+A sliding layer's window bounds the walk from below as causality bounds it from above: the
+key loop starts at the tile's first query's window.
 """
 from __future__ import annotations
 
@@ -23,9 +26,9 @@ BLOCK_M = 16
 BLOCK_N = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # one kernel for every window (0: none)
 def _varlen_paged_attn_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale, window,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
@@ -46,6 +49,8 @@ def _varlen_paged_attn_kernel(
     m_ok = offs_m < q_len
     d_ok = offs_d < HEAD_DIM  # head dim padded to a power of two >= 16 for tl.dot
     q_pos = prefix + offs_m  # absolute positions: query at p sees keys 0..p
+    # ... and, in a sliding layer, none before p - window + 1 (0: no window, the whole prefix)
+    first_key = tl.where(window > 0, q_pos - window + 1, 0)
     rows = q_start + offs_m  # int64: T * stride can pass 2**31
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
@@ -55,9 +60,10 @@ def _varlen_paged_attn_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Causal bound of the whole tile: keys past its last query position are never needed.
+    # Keys past the tile's last query, or before its first query's window, are never needed.
     key_end = tl.minimum(prefix + tl.minimum((tile + 1) * BLOCK_M, q_len), seq_len)
-    for start in range(0, key_end, BLOCK_N):
+    key_start = tl.maximum(tl.where(window > 0, prefix + tile * BLOCK_M - window + 1, 0), 0)
+    for start in range(key_start, key_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < key_end
         # Each key token finds its page through the table; entries past the sequence's blocks
@@ -75,11 +81,11 @@ def _varlen_paged_attn_kernel(
             s = tl.dot(q.to(q_ptr.dtype.element_ty), tl.trans(k.to(q_ptr.dtype.element_ty))) * scale
         else:  # fp32 inputs, or the interpreter (whose 16-bit arithmetic is wrong): exact fp32 dots
             s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_ok[None, :]
+        visible = (offs_n[None, :] <= q_pos[:, None]) & (offs_n[None, :] >= first_key[:, None]) & n_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # A row with no visible key yet keeps max -inf; subtracting 0 instead keeps exp() at 0
-        # rather than exp(-inf - -inf) = NaN.
+        # A row with no visible key yet (a later row, before its window) keeps max -inf;
+        # subtracting 0 instead keeps exp() at 0 rather than exp(-inf - -inf) = NaN.
         m_safe = tl.where(m_new == float("-inf"), 0., m_new)
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
@@ -97,13 +103,16 @@ def _varlen_paged_attn_kernel(
 
 
 def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
-                           scale=None, out=None, k_scale=None, v_scale=None) -> torch.Tensor:
+                           scale=None, out=None, k_scale=None, v_scale=None,
+                           window: int | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (sequence b's rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its
     last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D]
-    (int8: with k/v_scale [num_blocks, block_size, Hkv]). Returns [T, H, D] in q's dtype."""
+    (int8: with k/v_scale [num_blocks, block_size, Hkv]), in a sliding layer its last `window`
+    positions. Returns [T, H, D] in q's dtype."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert k_scale is None or (k_cache.dtype == torch.int8 and k_scale.is_contiguous() and v_scale.is_contiguous())
     assert block_tables.is_contiguous()
     if scale is None:
@@ -116,7 +125,7 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     grid = (batch, H, triton.cdiv(max_query_len, BLOCK_M))
     _varlen_paged_attn_kernel[grid](
         q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
-        out, cu_seqlens_q, seq_lens, block_tables, float(scale),
+        out, cu_seqlens_q, seq_lens, block_tables, float(scale), window or 0,
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, GROUP=H // hkv,

@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from course.s01_decode_loop.attention import softmax_with_sinks
 from course.s03_paged.paged_attention import PagedAttention, PagedKVCache
 
 from .backend_base import KernelBackend, KernelMetadata
@@ -20,7 +21,7 @@ from .backend_base import KernelBackend, KernelMetadata
 
 class TorchPagedBackend(KernelBackend):
     name = "torch"
-    serves_windows = True
+    serves_windows = takes_sinks = True
     captured_varlen: Callable | None = None  # a captured step's ragged attention, a room's (mixed_graphs/)
 
     def __init__(self, cache: PagedKVCache):
@@ -32,21 +33,24 @@ class TorchPagedBackend(KernelBackend):
         self.cache.write(layer, meta.slot_mapping, k, v)
         return self.cache.pools(layer)  # [num_blocks, bs, Hkv, D] each (quantized: dequantized where read)
 
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
+    def forward(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
         if not meta.is_decode and not meta.graphed:  # eager prefill chunks: stage 03's path
-            return self.reference.forward(layer, q, k, v, meta)
+            return self.reference.forward(layer, q, k, v, meta, sinks=sinks)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         if meta.is_decode:
-            return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens, self.window(layer))
+            return decode_attention_gather(q, k_pool, v_pool, meta.block_tables, meta.seq_lens, self.window(layer), sinks)
+        if sinks is not None:
+            raise ValueError("attention sinks in a captured step with prefill chunks are not implemented")
         return self.captured_varlen(q, k_pool, v_pool, meta.cu_seqlens_q, meta.positions, meta.block_tables,
                                     meta.seq_lens, self.window(layer))
 
 
-def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens, window: int | None = None):
+def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens, window: int | None = None, sinks=None):
     """q: [B, H, D], one query per sequence at position seq_len-1. Sync-free: every shape comes
     from the block table's width, the lengths only enter through a mask. Table padding must
     hold valid block ids (the runner pads with its dummy block); the pool holds finite values.
-    A sliding layer's `window` masks the keys before its last `window` positions too."""
+    A sliding layer's `window` masks the keys before its last `window` positions too; `sinks`
+    [H] joins each head's softmax as one more logit with no value (stage 01's causal_attention)."""
     b, h, d = q.shape
     kv_heads = k_pool.shape[2]
     keys = k_pool[block_tables].flatten(1, 2)  # [B, W*bs, Hkv, D]
@@ -58,7 +62,8 @@ def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens, window: i
     if window is not None:
         hidden |= span < seq_lens[:, None] - window  # before the window
     scores = scores.masked_fill(hidden[:, None, None, :], float("-inf"))
-    out = torch.einsum("bngl,blnd->bngd", scores.softmax(-1), values.float())
+    probs = softmax_with_sinks(scores, None if sinks is None else sinks.float().view(1, kv_heads, -1, 1))
+    out = torch.einsum("bngl,blnd->bngd", probs, values.float())
     return out.reshape(b, h, d).to(q.dtype)
 
 

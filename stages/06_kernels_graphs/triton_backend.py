@@ -38,11 +38,11 @@ class LessonKernels:
     scaled_kv = True  # its attention reads int8 codes with their scales (a room writes them)
 
     @staticmethod
-    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out, *scales) -> torch.Tensor:
+    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out, *scales, window=None) -> torch.Tensor:
         from .decode_attention import paged_decode_attention
         from .prefill_attention import varlen_paged_attention
 
-        kw = dict(zip(("k_scale", "v_scale"), scales))  # an int8 pool's scales, or nothing
+        kw = dict(zip(("k_scale", "v_scale"), scales), window=window)  # an int8 pool's scales, the layer's window
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
                                           num_splits=meta.num_splits, out=out, **kw)
@@ -60,13 +60,15 @@ def register_stored_kv_write(dtype: torch.dtype, write) -> None:
 
 
 def register_kernel_set(kernels: type) -> None:
-    """A room's kernel set, chosen by its `name` (`KernelEngineConfig.triton_kernels`)."""
+    """A room's kernel set, chosen by its `name` (`KernelEngineConfig.triton_kernels`); its
+    `attend` takes the layer's sliding `window` too."""
     KERNEL_SETS[kernels.name] = kernels
 
 
 class TritonPagedBackend(KernelBackend):
     name = "triton"
     fused_ops = TritonOps
+    serves_windows = True  # every kernel set masks a sliding layer's window (`attend`'s window)
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "lesson"):
         if kernels not in KERNEL_SETS:
@@ -112,6 +114,8 @@ class TritonPagedBackend(KernelBackend):
         return self.attend(layer, q, k, v, meta)
 
     def attend(self, layer, q, k, v, meta: KernelMetadata):
-        """The kernel set's attention launches, this step's K/V already in the pool."""
+        """The kernel set's attention launches, this step's K/V already in the pool (and each
+        layer's window: a host int, baked into a captured step's launches)."""
         out = torch.zeros_like(q) if meta.graphed else torch.empty_like(q)  # bucket padding rows: zeros
-        return self.kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], meta, out, *self.scales(layer))
+        return self.kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], meta, out, *self.scales(layer),
+                                   window=self.window(layer))

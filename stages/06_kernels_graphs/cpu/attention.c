@@ -11,6 +11,13 @@
  * tree's block: its root, the last emitted token, then its drafted nodes), row i sees only
  * those whose bit is set in tree_bits[i] (bit j: key tree_first[i] + j), its ancestors and
  * itself (bit 0, the root, is every row's); a row outside any tree has tree_first[i] = lens[i].
+ * In a sliding layer (`window` > 0; 0: none) a row sees only the keys less than `window`
+ * positions behind its own: a plain row, at position lens[i] - 1, the keys from lens[i] - window
+ * on. A tree row sits at tree_first[i] + its depth; the caller has cleared its bits of ancestors
+ * `window` or more levels up (backend.py's tree_bits), which leaves min(depth + 1, window) bits,
+ * so its prefix keys begin at tree_first[i] + popcount(bits) - window (at tree_first[i] when the
+ * window ends inside the tree). Blocks wholly before a row's first key are never read, so a
+ * sliding layer costs its window, not the sequence's length.
  *
  * With AVX-512 and a head size that is a multiple of 16, a block's scores and value sums use
  * vector code (block_scores, block_values: 1.2-1.4x the plain loops, bench_cpu_kernels.py);
@@ -24,8 +31,9 @@
  * and turned into floats on the stack (dequantize_rows), where the float code above reads them
  * for all G query heads: memory sees a quarter of float32's bytes, and the block never leaves L1.
  *
- * Returns 0, or the number of rows whose table held a block id outside the pool or was too
- * short for its length (those rows are left unwritten rather than read out of bounds).
+ * Returns 0, or the number of rows whose table held a block id outside the pool where the row
+ * reads, was too short for its length, or whose tree bits let it see no key (those rows are left
+ * unwritten rather than read out of bounds).
  */
 #include <float.h>
 #include <math.h>
@@ -295,6 +303,7 @@ int64_t paged_attention_rows_f32(
     int64_t num_blocks,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n,  /* per work row */
     const int64_t *tree_first, const uint64_t *tree_bits,                     /* per work row, or NULL */
+    int64_t window,                                                            /* the layer's; 0: none */
     const int64_t *block_tables, int64_t table_width,                          /* [num_seqs, width] */
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int num_threads)
 {
@@ -306,11 +315,23 @@ int64_t paged_attention_rows_f32(
             const int64_t len = lens[i];
             const int64_t first = tree_first ? tree_first[i] : len;  /* keys from here on: by tree_bits */
             const uint64_t bits = tree_bits ? tree_bits[i] : 0;
-            if (first < 0 || (first < len && (len - first > 64 || !(bits & 1)))) { bad_rows += kv == 0; continue; }
+            const int in_tree = first < len;
+            /* the row's bits of keys before len; in a sliding layer the root's may be cleared */
+            const uint64_t seen = !in_tree ? 0 : len - first >= 64 ? bits : bits & ((1ull << (len - first)) - 1);
+            if (first < 0 || (in_tree && (len - first > 64 || !(window > 0 ? seen : bits & 1)))) {
+                bad_rows += kv == 0;
+                continue;
+            }
+            /* the first key the row sees: 0, or its window's first (see the top of the file) */
+            int64_t from = 0;
+            if (window > 0) {
+                from = in_tree ? first + __builtin_popcountll(seen) - window : len - window;
+                from = from < 0 ? 0 : in_tree && from > first ? first : from;  /* tree keys: by bits alone */
+            }
             const int64_t *table = block_tables + seqs[i] * table_width;
             if (len < 1 || len > table_width * block_size) { bad_rows += kv == 0; continue; }
             int ok = 1;
-            for (int64_t b = 0; b * block_size < len; b++) ok &= table[b] >= 0 && table[b] < num_blocks;
+            for (int64_t b = from / block_size; b * block_size < len; b++) ok &= table[b] >= 0 && table[b] < num_blocks;
             if (!ok) { bad_rows += kv == 0; continue; }
 
             const float *qh = q + rows[i] * q_row_stride + kv * group * dim;
@@ -320,7 +341,7 @@ int64_t paged_attention_rows_f32(
             for (int64_t g = 0; g < group; g++) { maxs[g] = -FLT_MAX; sums[g] = 0.f; }
             for (int64_t x = 0; x < group * dim; x++) acc[x] = 0.f;
 
-            for (int64_t start = 0; start < len; start += block_size) {
+            for (int64_t start = from - from % block_size; start < len; start += block_size) {  /* from `from`'s block */
                 const int64_t keys = len - start < block_size ? len - start : block_size;
                 const int64_t offset = table[start / block_size] * block_size * token_stride + kv * dim;
                 const float *kb = (const float *)k_pool + offset, *vb = (const float *)v_pool + offset;
@@ -355,6 +376,7 @@ int64_t paged_attention_rows_f32(
                     const int64_t hidden_from = first > start ? first - start : 0;  /* tree keys of the block */
                     for (int64_t t = hidden_from; t < keys; t++)  /* a key off the row's path never counts */
                         if (!((bits >> (start + t - first)) & 1)) pg[t] = -FLT_MAX;
+                    for (int64_t t = 0; t < from - start; t++) pg[t] = -FLT_MAX;  /* before the window (first block) */
                     for (int64_t t = 0; t < keys; t++) block_max = pg[t] > block_max ? pg[t] : block_max;
                     const float new_max = block_max > maxs[g] ? block_max : maxs[g];
                     const float rescale = expf(maxs[g] - new_max);  /* 0 on the first block: exp(-FLT_MAX - m) */

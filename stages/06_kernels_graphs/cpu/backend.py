@@ -24,16 +24,27 @@ from .planned import PlannedBackend
 class NativeRows:
     """Rows the CPU kernel attends in one call: row `rows[i]` of q to the first `lens[i]`
     tokens of sequence `seqs[i]` (for a row of a chunk, the tokens up to its own position);
-    a speculative tree's rows only to their path among the tree's keys (attention.c)."""
+    a speculative tree's rows only to their path among the tree's keys (attention.c). A sliding
+    layer narrows each row to its window, the tree rows with their bits narrowed too (`bits`)."""
     rows: torch.Tensor
     seqs: torch.Tensor
     lens: torch.Tensor
     tree_first: torch.Tensor | None = None  # [n] where the row's tree block starts (lens: no tree)
     tree_bits: torch.Tensor | None = None   # [n] bit j: the row sees key tree_first + j
+    window_bits: dict | None = None         # window -> tree_bits narrowed to it (the sliding layers')
+
+    def bits(self, window: int | None) -> torch.Tensor | None:
+        """The tree bits a layer with this window (None: full attention) attends with."""
+        return self.tree_bits if window is None or self.window_bits is None else self.window_bits[window]
 
 
-def tree_bits(mask: torch.Tensor) -> list[int]:
-    """A tree block's [n, n] mask (row i may see block row j) as one int64 bit set per row."""
+def tree_bits(mask: torch.Tensor, window: int | None = None) -> list[int]:
+    """A tree block's [n, n] mask (row i may see block row j) as one int64 bit set per row. With
+    a sliding `window`, less the ancestors `window` or more levels above the row: a node's depth is
+    its own path's length less one, which the kernel, given only the row's bits, cannot know."""
+    if window is not None:
+        depth = mask.sum(1) - 1
+        mask = mask & (depth[:, None] - depth[None, :] < window)
     bits = []
     for row in mask.tolist():
         value = sum(1 << j for j, seen in enumerate(row) if seen)
@@ -44,12 +55,13 @@ def tree_bits(mask: torch.Tensor) -> list[int]:
 class CpuPagedBackend(PlannedBackend):
     """Float32 on the CPU: decode rows, the k+1 rows of a speculative verification and prefill
     chunks alike, in one call per layer. A row of a chunk attends to the tokens up to its own
-    position, which is the causal mask. One layer on a 2-core CPU, 32 decodes of 100-300
-    tokens: the C kernel against grouped SDPA, `results/bench_cpu_kernels.json` (bench_cpu_kernels.py)."""
+    position, which is the causal mask; in a sliding layer, only to the last `window` of them. One
+    layer on a 2-core CPU, 32 decodes of 100-300 tokens: the C kernel against grouped SDPA,
+    `results/bench_cpu_kernels.json` (bench_cpu_kernels.py)."""
 
     name = "cpu"
     tree_masks = True   # a speculative tree's rows attend to their paths only (attention.c)
-    serves_windows = False  # attention.c attends every row from its sequence's first key
+    serves_windows = True   # attention.c takes each sliding layer's window
     fused_ops = CpuOps  # ops.c's norm, RoPE and SwiGLU for the per-op path
 
     def __init__(self, cache: PagedKVCache, one_call_layers: bool = True):
@@ -92,12 +104,14 @@ class CpuPagedBackend(PlannedBackend):
         as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         rows = NativeRows(torch.arange(len(seqs), device=device), as_tensor(seqs), as_tensor(row_lens))
         if meta.trees:  # only a step with trees pays for their rows
-            firsts, bits = [], []
+            firsts, bits = [], {w: [] for w in {None, *self.windows}}  # per window the layers slide over
             for b, (n, total) in enumerate(zip(query_lens, lens)):
                 mask = meta.trees.get(b)
                 firsts += [total - n] * n if mask is not None else range(total - n + 1, total + 1)
-                bits += tree_bits(mask) if mask is not None else [0] * n
-            rows.tree_first, rows.tree_bits = as_tensor(firsts), as_tensor(bits)
+                for window, narrowed in bits.items():
+                    narrowed += tree_bits(mask, window) if mask is not None else [0] * n
+            rows.tree_first, rows.tree_bits = as_tensor(firsts), as_tensor(bits.pop(None))
+            rows.window_bits = {window: as_tensor(narrowed) for window, narrowed in bits.items()} or None
         return rows
 
     def rows(self, meta: KernelMetadata) -> NativeRows:
@@ -115,6 +129,6 @@ class CpuPagedBackend(PlannedBackend):
         from .attention import paged_attention_rows
 
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
-        rows = self.rows(meta)
+        rows, window = self.rows(meta), self.window(layer)
         return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens,
-                                    tree_first=rows.tree_first, tree_bits=rows.tree_bits)
+                                    tree_first=rows.tree_first, tree_bits=rows.bits(window), window=window)

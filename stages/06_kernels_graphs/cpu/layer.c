@@ -296,8 +296,9 @@ void product_i8_f32(const float *x, const int8_t *q, const float *scale, float *
  * q_norm and k_norm ([dim] each, Qwen3's per-head norms before RoPE) or NULL.
  * Writes the stream after the attention half to residual_out (may be residual itself) and
  * the MLP's output, the next layer's delta, to x_out (may be x itself). The rows' new K/V go
- * to their slots in the layer's pools, then every row attends (rows/seqs/lens and a tree's
- * tree_first/tree_bits as in paged_attention_rows_f32). scratch holds m * (2 * hidden + qkv + heads * dim + 3 * inter)
+ * to their slots in the layer's pools, then every row attends (rows/seqs/lens, a tree's
+ * tree_first/tree_bits and the layer's sliding window, 0 for none, as in
+ * paged_attention_rows_f32). scratch holds m * (2 * hidden + qkv + heads * dim + 3 * inter)
  * floats. Returns 0, or how many rows had a bad slot or block table (nothing is written or
  * read out of bounds for them). */
 int64_t decoder_layer_f32(
@@ -308,7 +309,7 @@ int64_t decoder_layer_f32(
     void *k_pool, void *v_pool, int kv_kind, _Float16 *k_scale, _Float16 *v_scale,  /* as attention.c's */
     int64_t num_blocks, int64_t block_size, const int64_t *slots,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n_rows,
-    const int64_t *tree_first, const uint64_t *tree_bits,
+    const int64_t *tree_first, const uint64_t *tree_bits, int64_t window,
     const int64_t *block_tables, int64_t table_width, float *scratch, int num_threads)
 {
     const int64_t qkv_width = (heads + 2 * kv_heads) * dim, kv_width = kv_heads * dim;
@@ -337,7 +338,7 @@ int64_t decoder_layer_f32(
     }
     if (bad) return bad;
     bad = paged_attention_rows_f32(qkv, qkv_width, attn, k_pool, v_pool, kv_kind, k_scale, v_scale, num_blocks, rows, seqs, lens, n_rows,
-                                   tree_first, tree_bits, block_tables, table_width, heads, kv_heads, dim, block_size,
+                                   tree_first, tree_bits, window, block_tables, table_width, heads, kv_heads, dim, block_size,
                                    1.f / sqrtf((float)dim), num_threads);
     if (bad) return bad;
 

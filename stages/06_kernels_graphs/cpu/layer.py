@@ -52,7 +52,7 @@ def _library():
     lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i32]
     lib.product_i8_f32.restype = None
     lib.decoder_layer_f32.argtypes = [i64] * 6 + [f32] + [ptr] * 15 + [ptr, ptr, i32, ptr, ptr, i64, i64, ptr] + \
-        [ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, i32]
+        [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, ptr, i32]
     lib.decoder_layer_f32.restype = i64
     lib.set_sgemm.argtypes = [ptr, i64]
     lib.set_sgemm.restype = None
@@ -166,7 +166,10 @@ class LayerCalls:
         self.bases = [(t.data_ptr(), t.stride(0) * t.element_size()) for t in parts] + [(None, 0)] * (4 - len(parts))
         rows = kernels.backend.rows(meta)
         self.attend = tuple(t.to(torch.int64).contiguous() for t in (rows.rows, rows.seqs, rows.lens))
-        self.tree = (rows.tree_first.data_ptr(), rows.tree_bits.data_ptr()) if rows.tree_first is not None else (None, None)
+        # per layer: its window (0: none) and the tree's pointers, the bits narrowed where the layer slides
+        self.windows = [kernels.backend.window(i) for i in range(c.num_hidden_layers)]
+        self.trees = {w: (rows.tree_first.data_ptr(), rows.bits(w).data_ptr()) if rows.tree_first is not None
+                      else (None, None) for w in set(self.windows)}
         self.slots = meta.slot_mapping.to(torch.int64).contiguous()
         self.tables = meta.block_tables.to(torch.int64).contiguous()
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
@@ -183,6 +186,7 @@ class LayerCalls:
         rows, seqs, lens = self.attend
         weights = self.weights[layer.layer_idx]
         k_pool, v_pool, k_scale, v_scale = (base and base + layer.layer_idx * size for base, size in self.bases)
+        window = self.windows[layer.layer_idx]
         x, (qkv, o, gate_up, down) = x.contiguous(), weights.weights
         bad = _library().decoder_layer_f32(
             self.m, self.hidden, layer.n_heads, layer.n_kv, layer.d, self.inter, layer.eps,
@@ -193,7 +197,8 @@ class LayerCalls:
             ctypes.cast(weights.scales, ctypes.c_void_p), self.cos.data_ptr(), self.sin.data_ptr(),
             k_pool, v_pool, self.kv_kind, k_scale, v_scale, self.num_blocks, self.block_size,
             self.slots.data_ptr(),
-            rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), *self.tree, self.tables.data_ptr(),
+            rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(), *self.trees[window], window or 0,
+            self.tables.data_ptr(),
             self.tables.shape[1], self.scratch.data_ptr(), self.threads)
         if bad:
             raise RuntimeError(f"{bad} rows had a slot or block table outside the pool (an engine bug; "

@@ -40,6 +40,7 @@ class StepPlan:
 class PlannedBackend(TorchPagedBackend):
     """The torch backend with each eager step planned once, from the host's lengths the runner
     passes (`host_lens`), into the metadata's `plan`; captured steps have none."""
+    takes_sinks = False  # its planned paths (SDPA, attention.c) have no sink term
 
     def build_metadata(self, *, host_lens=None, **kw) -> KernelMetadata:
         meta = super().build_metadata(**kw)
@@ -55,6 +56,7 @@ class PlannedBackend(TorchPagedBackend):
 class PlannedTorchBackend(PlannedBackend):
     name = "torch"
     tree_masks = True  # eager trees go with the prefill chunks (tree_attention_sdpa)
+    takes_sinks = True  # through the torch backend's own paths (below)
 
     def __init__(self, cache: PagedKVCache, decode_group: int = 8):
         super().__init__(cache)
@@ -76,9 +78,9 @@ class PlannedTorchBackend(PlannedBackend):
         prefills = [(b, starts[b], starts[b + 1], lens[b]) for b, n in enumerate(query_lens) if n > 1]
         return StepPlan(groups, prefills)
 
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
-        if meta.plan is None:
-            return super().forward(layer, q, k, v, meta)
+    def forward(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
+        if meta.plan is None or sinks is not None:  # (SDPA has no sink term: the torch backend's paths do)
+            return super().forward(layer, q, k, v, meta, sinks=sinks)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         out, bs = torch.empty_like(q), self.cache.block_size
         window = self.window(layer)

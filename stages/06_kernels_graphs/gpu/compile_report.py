@@ -45,7 +45,9 @@ What the report cannot show is time: that needs the GPU (gpu_check.sh).
 Counts are static (instructions in the code, not executions). Pointers are taken as 16-byte
 aligned and integers equal to 1 or divisible by 16 specialised, as Triton's launcher does for a
 torch launch; a case lists the integers it knows divisible by 16 in "attrs" (names, or
-Triton's own {(index,): [["tt.divisibility", 16]]}).
+Triton's own {(index,): [["tt.divisibility", 16]]}). The attention kernels' sliding `window`
+is the exception: a runtime int the kernels mark `do_not_specialize`, so one compile serves
+full layers (window 0) and sliding ones; every attention row here is that compile.
 
 Under the Triton interpreter (this stage switches it on when there is no CUDA) a `@triton.jit`
 function cannot be compiled, so the compiling happens in one child process started with
@@ -102,6 +104,7 @@ SHAPES = (ModelShape("SmolLM2-135M", 9, 3, 64, 576, 1536), ModelShape("Llama-3.2
           ModelShape("head dim 128", 32, 8, 128, 4096, 14336))  # the last: Llama-3.1-8B's attention and hidden size
 PAGE = 16  # tokens per pool block
 TABLE_WIDTH = 128  # block-table columns in a graph: graph_max_seq_len 2,048 / 16
+WINDOW = 4096  # a sliding layer's window (Mistral 7B's); the attention kernels compile the same for any
 NUM_SMS = 132  # an H100 SXM's, for the lesson's choice of decode splits
 
 
@@ -110,11 +113,14 @@ NUM_SMS = 132  # an H100 SXM's, for the lesson's choice of decode splits
 def launch_case(name: str, kernel, args: dict, num_warps: int = 4, num_stages: int = 3) -> dict:
     """The case dict for `kernel[grid](**args)`: pointer arguments given as their type
     ("*bf16"), everything else as the value the wrapper passes. Specialised like Triton's
-    launcher: an integer equal to 1 becomes a constant, one divisible by 16 is marked so."""
+    launcher: an integer equal to 1 becomes a constant, one divisible by 16 is marked so,
+    except a parameter the kernel marks do_not_specialize (a plain i32 whatever its value)."""
     signature, constexprs, divisible = {}, {}, []
     for p in kernel.params:
         value = args[p.name]
-        if p.is_constexpr or (type(value) is int and value == 1):
+        if p.do_not_specialize and not p.is_constexpr:
+            signature[p.name] = "i32"
+        elif p.is_constexpr or (type(value) is int and value == 1):
             signature[p.name], constexprs[p.name] = "constexpr", value
         elif isinstance(value, str):
             signature[p.name] = value
@@ -160,7 +166,7 @@ def decode_cases(s: ModelShape) -> list[dict]:
     for splits, int8 in ((1, False), (choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS), False), (1, True)):
         args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16",
                 "part_o_ptr": "*fp32" if splits > 1 else "*bf16", "part_lse_ptr": "*fp32" if splits > 1 else "*bf16",
-                "bt_ptr": "*i64", "seq_lens_ptr": "*i64", "scale": s.head_dim ** -0.5,
+                "bt_ptr": "*i64", "seq_lens_ptr": "*i64", "scale": s.head_dim ** -0.5, "window": WINDOW,
                 "stride_qb": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
                 "stride_ob": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
                 "stride_btb": TABLE_WIDTH, "stride_btw": 1, "cols_per_split": -(-TABLE_WIDTH // splits),
@@ -185,7 +191,7 @@ def prefill_cases(s: ModelShape) -> list[dict]:
     cases = []
     for int8 in (False, True):
         args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16", "cu_ptr": "*i64",
-                "seq_lens_ptr": "*i64", "bt_ptr": "*i64", "scale": s.head_dim ** -0.5,
+                "seq_lens_ptr": "*i64", "bt_ptr": "*i64", "scale": s.head_dim ** -0.5, "window": WINDOW,
                 "stride_qt": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
                 "stride_ot": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
                 "stride_bt": TABLE_WIDTH, "HEAD_DIM": s.head_dim, "BLOCK_D": max(16, _pow2(s.head_dim)), "PAGE": PAGE,

@@ -37,6 +37,14 @@ little with it, so what it needs is many bytes in flight. This kernel changes fo
    skips it; with max_splits == 1 the merge is not launched at all. No host reads a device
    value, so the call can be captured in a CUDA graph.
 
+5. Sliding windows. In a sliding layer the query at seq_len - 1 sees only the sequence's
+   last `window` keys, one contiguous run at its end. The kernel works on that run alone:
+   the walk starts at the tile holding the window's first key and the splits divide the keys
+   from there, so a long sequence in a sliding layer reads (and splits) its window, not its
+   length. Only that first tile masks keys (those before the window). `window` is a runtime
+   int (0: the whole sequence) that the launcher never specializes, so one compiled kernel
+   serves full and sliding layers alike.
+
 `query_start` (cu_seqlens_q) lets a mixed step run this kernel and the prefill kernel side
 by side on the same q and out. Sequence b's query row is query_start[b], and it is attended
 only if its query length is 1. Prefill chunks, verifications and padding sequences keep
@@ -67,18 +75,30 @@ def _heads_tile(group: int) -> int:
 
 
 @triton.jit
+def _window_keys(seq_len, window, BLOCK_N: tl.constexpr):
+    """(first, start, count) for the decode query at seq_len - 1 of one sequence. first: the
+    first key it sees, 0 or in a sliding layer (window > 0) seq_len - window. start: first
+    rounded down to a whole tile, where the walk begins (tiles on multiples of BLOCK_N, which
+    the compiler can see, take fewer registers than tiles at any key); the keys from start to
+    first are masked. count: the keys from start to the end, which the splits share."""
+    first = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    start = (first // BLOCK_N) * BLOCK_N
+    return first, start, seq_len - start
+
+
+@triton.jit
 def _request_splits(seq_len, MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr):
-    """(splits, keys per split) for one sequence, on the device. Every split gets whole tiles,
-    at least MIN_KEYS keys (fewer only if the sequence is shorter), and none is empty."""
+    """(splits, keys per split) for `seq_len` keys of one sequence, on the device. Every split
+    gets whole tiles, at least MIN_KEYS keys (fewer only if there are fewer), and none is empty."""
     want = tl.minimum(tl.maximum(tl.cdiv(seq_len, MIN_KEYS), 1), MAX_SPLITS)
     per_split = tl.cdiv(tl.cdiv(seq_len, want), BLOCK_N) * BLOCK_N
     per_split = tl.maximum(per_split, BLOCK_N)  # a sequence of length 0 still has one split
     return tl.maximum(tl.cdiv(seq_len, per_split), 1), per_split
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # a runtime int: full and sliding layers share one kernel
 def _grouped_decode_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, query_start_ptr, qk_scale,
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, query_start_ptr, qk_scale, window,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr,
@@ -94,7 +114,8 @@ def _grouped_decode_kernel(
     else:
         row = b
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    num_splits, per_split = _request_splits(seq_len, MAX_SPLITS, MIN_KEYS, BLOCK_N)
+    first, walk_start, num_keys = _window_keys(seq_len, window, BLOCK_N)  # a sliding layer: its window only
+    num_splits, per_split = _request_splits(num_keys, MAX_SPLITS, MIN_KEYS, BLOCK_N)
     if split >= num_splits:  # the grid has max_splits; this sequence needs fewer
         return
 
@@ -111,7 +132,7 @@ def _grouped_decode_kernel(
     else:
         q_t = q_t.to(tl.float32)
 
-    lo = split * per_split
+    lo = walk_start + split * per_split  # tiles before the window's are never read
     hi = tl.minimum(lo + per_split, seq_len)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)  # running max per head, in log2 units
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -129,7 +150,10 @@ def _grouped_decode_kernel(
         else:
             s = tl.dot(k.to(tl.float32), q_t, input_precision="ieee")
         s = tl.where(n_ok[:, None], s * qk_scale, float("-inf"))
-        # Every tile holds at least one key of the split, so m_new is finite: no NaN guard.
+        if start < first:  # the window's first tile (never without a window): hide the keys before it
+            s = tl.where(offs_n[:, None] >= first, s, float("-inf"))
+        # Every tile holds at least one visible key of the split (the window's first tile, the
+        # window's first key), so m_new is finite: no NaN guard.
         m_new = tl.maximum(m_i, tl.max(s, axis=0))
         p = tl.math.exp2(s - m_new[None, :])
         alpha = tl.math.exp2(m_i - m_new)  # rescale what earlier tiles accumulated
@@ -152,9 +176,9 @@ def _grouped_decode_kernel(
         tl.store(part_lse_ptr + part, lse, mask=h_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])
 def _merge_splits_kernel(
-    part_o_ptr, part_lse_ptr, o_ptr, seq_lens_ptr, query_start_ptr, stride_ot, stride_oh,
+    part_o_ptr, part_lse_ptr, o_ptr, seq_lens_ptr, query_start_ptr, window, stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MAX_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     MIN_KEYS: tl.constexpr, BLOCK_N: tl.constexpr, HAS_QUERY_START: tl.constexpr,
 ):
@@ -167,7 +191,8 @@ def _merge_splits_kernel(
     else:
         row = b
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    num_splits, _ = _request_splits(seq_len, MAX_SPLITS, MIN_KEYS, BLOCK_N)
+    _, _, num_keys = _window_keys(seq_len, window, BLOCK_N)  # the attention kernel's splits, worked out again
+    num_splits, _ = _request_splits(num_keys, MAX_SPLITS, MIN_KEYS, BLOCK_N)
     if num_splits == 1:  # already written to out by its only split
         return
     offs_s = tl.arange(0, BLOCK_S)
@@ -219,7 +244,7 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query_start=None, scale=None,
-                           max_splits=1, out=None) -> torch.Tensor:
+                           max_splits=1, out=None, window: int | None = None) -> torch.Tensor:
     """Each sequence's one query over its seq_lens[b] keys in the paged pool.
 
     q [T, H, D]; k/v_cache [num_blocks, page, Hkv, D] contiguous; block_tables [B, W] (int32 or
@@ -227,11 +252,14 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
     query_start (cu_seqlens_q [B+1]) sequence b's query is row query_start[b], attended only if
     its query length is 1; other rows are left as they are. Returns [T, H, D] in q's dtype,
     written into `out` if given. max_splits: the most splits any sequence may get (grid size);
-    each sequence takes as many as its own length needs."""
+    each sequence takes as many as its own length needs. window: a sliding layer's window, the
+    query sees its sequence's last `window` keys only, and only they are read and split (None:
+    every key)."""
     T, H, D = q.shape
     B = seq_lens.shape[0]
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and max_splits >= 1
+    assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert query_start is not None or T == B
     if scale is None:
         scale = D ** -0.5
@@ -259,7 +287,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
     query_start = query_start if has_query_start else seq_lens  # a placeholder pointer
     _grouped_decode_kernel[(B, hkv, max_splits)](
         q, k_cache, v_cache, dest, part_o, part_lse, block_tables, seq_lens, query_start,
-        float(scale) * LOG2E,
+        float(scale) * LOG2E, window or 0,
         q.stride(0), q.stride(1), dest.stride(0), dest.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_H=_heads_tile(group),
@@ -269,7 +297,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
     )
     if max_splits > 1:
         _merge_splits_kernel[(B, H)](
-            part_o, part_lse, dest, seq_lens, query_start, dest.stride(0), dest.stride(1),
+            part_o, part_lse, dest, seq_lens, query_start, window or 0, dest.stride(0), dest.stride(1),
             HEAD_DIM=D, BLOCK_D=block_d, MAX_SPLITS=max_splits, BLOCK_S=triton.next_power_of_2(max_splits),
             MIN_KEYS=tiles.min_keys_per_split, BLOCK_N=tiles.block_n, HAS_QUERY_START=has_query_start,
         )
@@ -304,6 +332,8 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
     bf16 pools of 16-token pages and int64 tables (the engine's), SmolLM2-135M (9 heads over 3),
     Llama-3.2-1B (32 over 8) and a head-dim-128 model, with max_splits 1 (no merge) and with the
     splits one sequence gets from a graph's 128-column table (attention and merge kernels).
+    `window` is a plain i32 in every case: the launcher never specializes it, so this one
+    compile is what runs for full layers (0) and sliding ones alike.
     Each dict: name, kernel, signature, constexprs, num_warps, num_stages, and attrs: the
     params a real launch sees as multiples of 16 (every pointer, every stride), for
     ASTSource(attrs={(index,): [["tt.divisibility", 16]]}). They matter: without them the
@@ -327,7 +357,7 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
             }
             signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
                          "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "bt_ptr": "*i64", "seq_lens_ptr": "*i64",
-                         "query_start_ptr": "*i64", "qk_scale": "fp32"}
+                         "query_start_ptr": "*i64", "qk_scale": "fp32", "window": "i32"}
             signature |= {name: "i32" for name in strides} | {name: "constexpr" for name in attention}
             cases.append({"name": f"decode {model} splits={max_splits}", "kernel": _grouped_decode_kernel,
                           "signature": signature, "constexprs": attention, "num_warps": tiles.num_warps,
@@ -338,9 +368,9 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
                      "BLOCK_S": triton.next_power_of_2(max_splits), "MIN_KEYS": tiles.min_keys_per_split,
                      "BLOCK_N": tiles.block_n, "HAS_QUERY_START": True}
             signature = {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "o_ptr": "*bf16", "seq_lens_ptr": "*i64",
-                         "query_start_ptr": "*i64", "stride_ot": "i32", "stride_oh": "i32"}
+                         "query_start_ptr": "*i64", "window": "i32", "stride_ot": "i32", "stride_oh": "i32"}
             signature |= {name: "constexpr" for name in merge}
             cases.append({"name": f"decode merge {model} splits={max_splits}", "kernel": _merge_splits_kernel,
                           "signature": signature, "constexprs": merge, "num_warps": 4, "num_stages": 1,
-                          "attrs": [name for name in signature if name not in merge]})
+                          "attrs": [name for name in signature if name not in merge and name != "window"]})
     return cases

@@ -2,7 +2,8 @@
 depends only on shapes.
 
 The lesson's kernel (../prefill_attention.py) has the right algorithm: a program owns a tile
-of queries and walks the keys with an online softmax. A GPU needs four more things from it.
+of queries and walks the keys with an online softmax. A GPU needs four more things from it
+(and a fifth, sliding windows, comes at the end).
 
 1. Tensor cores, fed with 16-bit tiles of the right size. Hopper's wgmma multiplies 64 query
    rows per warpgroup, so a query tile is 64-128 rows (the lesson's 16 rows leave them idle).
@@ -35,6 +36,14 @@ of queries and walks the keys with an online softmax. A GPU needs four more thin
 
    The programs are taken in reverse order, so that the last tiles of a chunk, which see the
    most keys, start first and the short ones fill in behind them.
+5. Sliding windows. In a sliding layer the query at position p sees keys p - window < j <= p.
+   For a tile of queries that bounds the keys from below as causality bounds them from above:
+   key tiles wholly before the first row's window are skipped (a long sequence in a sliding
+   layer costs its window, not its length); the few key tiles at the window's edge, seen by
+   some rows of the tile and not others, are masked; every key tile between the edge and the
+   diagonal is inside every row's window and runs unmasked, as before. `window` is a runtime
+   int (0: no window) the launcher never specializes, so full and sliding layers share one
+   compiled kernel; without a window the edge's loops are empty.
 
 The exponentials are exp2, with log2(e) folded into the scale on the host: one multiply per
 score instead of the multiply inside exp. Tile sizes come from a small table keyed by compute
@@ -125,7 +134,8 @@ def _load_rows(ptrs, row_ok, ROW_MASK: tl.constexpr, HEAD_DIM: tl.constexpr, BLO
 @triton.jit
 def _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale,
                          MASKED: tl.constexpr, DOT_16BIT: tl.constexpr):
-    """Fold one tile of keys into the running (acc, max, sum), all in log2 units."""
+    """Fold one tile of keys into the running (acc, max, sum), all in log2 units. `visible`
+    [rows, keys] is read only when MASKED."""
     if DOT_16BIT:
         s = tl.dot(q, tl.trans(k))  # 16-bit inputs, fp32 accumulator
     else:
@@ -133,8 +143,9 @@ def _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale,
     s = s * qk_scale
     if MASKED:
         s = tl.where(visible, s, float("-inf"))
-    # Every row sees at least one key in the first tile it is given (key 0 of the prefix, or
-    # of the chunk), so m_new is finite from then on and exp2(-inf - m_new) is a clean 0.
+    # The running max starts at a finite floor (M_FLOOR), never -inf: a row that sees no key of
+    # a tile (one before its window) keeps m_new = floor, p = exp2(-inf - floor) = 0 and
+    # alpha = 1, never exp2(-inf - -inf) = NaN, and no guard is needed.
     m_new = tl.maximum(m_i, tl.max(s, 1))
     p = tl.math.exp2(s - m_new[:, None])
     alpha = tl.math.exp2(m_i - m_new)  # rescale what earlier tiles accumulated
@@ -147,10 +158,15 @@ def _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale,
     return acc, m_new, l_i
 
 
-@triton.jit
+# The running max's start: below every real score (|q.k| * scale is far smaller), above -inf
+# (see _online_softmax_step). A constexpr, as a global a kernel reads must be.
+M_FLOOR = tl.constexpr(-1.0e30)
+
+
+@triton.jit(do_not_specialize=["window"])  # one compiled kernel for full (0) and sliding layers
 def _varlen_attention_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, o_ptr,
-    cu_ptr, seq_lens_ptr, bt_ptr, qk_scale, num_seqs,
+    cu_ptr, seq_lens_ptr, bt_ptr, qk_scale, window, num_seqs,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
@@ -181,37 +197,66 @@ def _varlen_attention_kernel(
                    HEAD_DIM, BLOCK_D, DOT_16BIT)
 
     kvh = (h // GROUP).to(tl.int64)  # GQA: GROUP query heads share one kv head
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_i = tl.full([BLOCK_M], M_FLOOR, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # 1. The cached prefix, from the pool through the block table. Every query sees every
-    #    prefix key, so full tiles need no mask at all; only the last partial one is masked.
+    # The window, in positions. Row m of the chunk (position prefix + m) sees keys from
+    # prefix + first[m] on. Without one, a window that reaches back to key 0 from every row of
+    # the tile: every bound below then falls on 0 and the window's edge loops are empty.
+    win = tl.where(window > 0, window, prefix + m0 + BLOCK_M)
+    first = offs_m - win + 1  # chunk-relative: negative reaches into the prefix
+    lo = tl.maximum(prefix + m0 - win + 1, 0)  # the tile's first row's first key: nothing before is read
+    edge_end = tl.maximum(prefix + m0 + BLOCK_M - win, 0)  # from here on, every row's window holds the key
+
+    # 1. The cached prefix, from the pool through the block table. Tiles before the window are
+    #    skipped, tiles at its edge masked by it; the others are seen by every query of the
+    #    tile, so they need no mask at all. The last partial tile is masked by length.
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     cache_off = kvh * stride_ch + offs_d[None, :]
     full_end = (prefix // BLOCK_N) * BLOCK_N
-    for start in range(0, full_end, BLOCK_N):
+    edge_start = (lo // BLOCK_N) * BLOCK_N
+    free_start = tl.minimum(tl.maximum(tl.cdiv(edge_end, BLOCK_N) * BLOCK_N, edge_start), full_end)
+    for start in range(edge_start, free_start, BLOCK_N):  # the window's edge (none without a window)
+        offs_n = start + tl.arange(0, BLOCK_N)
+        page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+        slot = (page * stride_cb + (offs_n % PAGE) * stride_cs)[:, None] + cache_off
+        k = _load_rows(k_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        visible = offs_n[None, :] >= (prefix + first)[:, None]
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
+    for start in range(free_start, full_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
         slot = (page * stride_cb + (offs_n % PAGE) * stride_cs)[:, None] + cache_off
         k = _load_rows(k_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         v = _load_rows(v_cache_ptr + slot, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, 0, qk_scale, False, DOT_16BIT)
-    for start in range(full_end, prefix, BLOCK_N):  # runs once if the prefix ends mid-tile
+    for start in range(tl.maximum(full_end, lo), prefix, BLOCK_N):  # runs once if the prefix ends mid-tile
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < prefix  # past it, table entries and pool slots may hold anything
         page = tl.load(bt_row + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
         slot = (page * stride_cb + (offs_n % PAGE) * stride_cs)[:, None] + cache_off
         k = _load_rows(k_cache_ptr + slot, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
         v = _load_rows(v_cache_ptr + slot, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
-        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, n_ok[None, :], qk_scale, True, DOT_16BIT)
+        visible = n_ok[None, :] & (offs_n[None, :] >= (prefix + first)[:, None])
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
 
-    # 2. The chunk's own keys, rows of the fresh k and v. Keys left of the tile's first query
-    #    are seen by all its rows (no mask); the tiles on the diagonal are masked causally.
+    # 2. The chunk's own keys, rows of the fresh k and v, in chunk positions. Keys left of the
+    #    tile's first query are seen by all its rows (no mask) unless at the window's edge;
+    #    the tiles on the diagonal are masked causally (and by the window).
     k_rows = k_ptr + q_start * stride_kt + kvh * stride_kh + offs_d[None, :]
     v_rows = v_ptr + q_start * stride_vt + kvh * stride_vh + offs_d[None, :]
     offs_tile = tl.arange(0, BLOCK_N)
-    for start in range(0, m0, BLOCK_N):
+    edge_start = (tl.maximum(lo - prefix, 0) // BLOCK_N) * BLOCK_N  # <= m0: a row sees itself
+    free_start = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(edge_end - prefix, 0), BLOCK_N) * BLOCK_N, edge_start), m0)
+    for start in range(edge_start, free_start, BLOCK_N):  # the window's edge (none without a window)
+        offs_n = start + offs_tile
+        k = _load_rows(k_rows + offs_n[:, None] * stride_kt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        v = _load_rows(v_rows + offs_n[:, None] * stride_vt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
+        visible = offs_n[None, :] >= first[:, None]
+        acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
+    for start in range(free_start, m0, BLOCK_N):
         k = _load_rows(k_rows + (start + offs_tile)[:, None] * stride_kt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         v = _load_rows(v_rows + (start + offs_tile)[:, None] * stride_vt, 0, False, HEAD_DIM, BLOCK_D, DOT_16BIT)
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, 0, qk_scale, False, DOT_16BIT)
@@ -221,10 +266,11 @@ def _varlen_attention_kernel(
         n_ok = offs_n < q_len
         k = _load_rows(k_rows + offs_n[:, None] * stride_kt, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
         v = _load_rows(v_rows + offs_n[:, None] * stride_vt, n_ok, True, HEAD_DIM, BLOCK_D, DOT_16BIT)
-        visible = (offs_n[None, :] <= offs_m[:, None]) & n_ok[None, :]
+        visible = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= first[:, None]) & n_ok[None, :]
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
 
-    acc = acc / l_i[:, None]
+    # A real row sees at least itself; a row past the chunk, in a sliding layer, may see no key.
+    acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
     out_ptrs = o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
     if HEAD_DIM == BLOCK_D:
         tl.store(out_ptrs, acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None])
@@ -241,17 +287,20 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 
 def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, *,
-                     scale=None, out=None, skip_decodes=False) -> torch.Tensor:
+                     scale=None, out=None, skip_decodes=False, window: int | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] for a ragged batch of chunks. Sequence b's queries are
     rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its last positions; its keys are the cached prefix
     (seq_lens[b] - query length of them) in the pool k_cache, v_cache [num_blocks, page, Hkv, D]
     through block_tables [B, W], then its own new keys, rows of k, v [T, Hkv, D]. Sequences of
     query length 0 (padding), rows past cu_seqlens_q[B] and, with skip_decodes, sequences of
-    query length 1 are left untouched. Returns [T, H, D] in q's dtype, into `out` if given.
+    query length 1 are left untouched. window: a sliding layer's window, each query sees its
+    last `window` positions only and keys before every query's window are never read (None:
+    its whole past). Returns [T, H, D] in q's dtype, into `out` if given.
     Only shapes reach the host, so the call can be captured in a CUDA graph."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k.shape == v.shape == (T, hkv, D)
+    assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.stride(1) == 1
     if scale is None:
         scale = D ** -0.5
@@ -266,7 +315,7 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     tiles = prefill_tiles(_capability(q), block_d, q.dtype)
     grid = (triton.cdiv(T, tiles.block_m) + batch, H)
     _varlen_attention_kernel[grid](
-        q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale) * LOG2E, batch,
+        q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale) * LOG2E, window or 0, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=block_d, PAGE=page, GROUP=H // hkv, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
@@ -284,7 +333,8 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
     """The kernel at the stage's shapes, with the tiles varlen_attention picks on `capability`,
     for triton.compile (see gpu/compile_report.py). 'attrs' marks the arguments the launcher
     specializes as divisible by 16 (pointers and strides of aligned, contiguous tensors), so
-    the compile sees what a real launch sees."""
+    the compile sees what a real launch sees. `window` is a plain i32, never specialized by the
+    launcher: this one compile serves full layers (0) and sliding ones."""
     pointers = ["q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "o_ptr"]
     strides = ["stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
                "stride_oh", "stride_cb", "stride_cs", "stride_ch"]
@@ -295,7 +345,7 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, PAGE=16, GROUP=heads // kv_heads, BLOCK_M=tiles.block_m,
                           BLOCK_N=tiles.block_n, DOT_16BIT=True, SKIP_DECODES=True)
         signature = {**{p: "*bf16" for p in pointers}, "cu_ptr": "*i64", "seq_lens_ptr": "*i64",
-                     "bt_ptr": "*i64", "qk_scale": "fp32", "num_seqs": "i32",
+                     "bt_ptr": "*i64", "qk_scale": "fp32", "window": "i32", "num_seqs": "i32",
                      **{s: "i32" for s in strides}, "stride_bt": "i32", **{c: "constexpr" for c in constexprs}}
         aligned = pointers + ["cu_ptr", "seq_lens_ptr", "bt_ptr"] + strides
         cases.append(dict(

@@ -43,6 +43,35 @@ def test_compiled_varlen_kernel_matches_reference(dtype, tol):
     torch.testing.assert_close(out.float().cpu(), reference_attention(case.cpu()), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("window", [3, 1000])
+def test_compiled_kernels_attend_a_sliding_window(window):
+    """Both lesson kernels with a window: a query sees its last `window` positions (stage 01's
+    causal_attention with the window is the oracle), on sequences shorter and longer than it."""
+    from course.s01_decode_loop.attention import causal_attention
+    from course.s06_kernels_graphs.decode_attention import paged_decode_attention
+    from course.s06_kernels_graphs.prefill_attention import varlen_paged_attention
+
+    def oracle(case):
+        bs, out = case.k_cache.shape[1], torch.empty(case.q.shape)
+        for b, total in enumerate(case.seq_lens.tolist()):
+            blocks = case.block_tables[b, : -(-total // bs)].long()
+            k, v = (pool[blocks].flatten(0, 1)[:total].float() for pool in (case.k_cache, case.v_cache))
+            start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
+            out[start:end] = causal_attention(case.q[start:end].float(), k, v, total - (end - start), window=window)
+        return out
+
+    kw = dict(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    decodes = make_paged_case([1, 77, 513, 2000], [1] * 4, **kw)
+    for splits in (1, 4):
+        out = paged_decode_attention(decodes.q, decodes.k_cache, decodes.v_cache, decodes.block_tables,
+                                     decodes.seq_lens, num_splits=splits, out=nan_like(decodes.q), window=window)
+        torch.testing.assert_close(out.float().cpu(), oracle(decodes.cpu()), atol=3e-2, rtol=3e-2)
+    chunks = make_paged_case([300, 129, 64, 1500], [300, 50, 1, 200], **kw)
+    out = varlen_paged_attention(chunks.q, chunks.k_cache, chunks.v_cache, chunks.cu_seqlens_q, chunks.seq_lens,
+                                 chunks.block_tables, chunks.max_query_len, out=nan_like(chunks.q), window=window)
+    torch.testing.assert_close(out.float().cpu(), oracle(chunks.cpu()), atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_cuda_graph_replay_equals_eager_for_every_bucket(backend):
     model = tiny_model("gqa_tied").cuda()

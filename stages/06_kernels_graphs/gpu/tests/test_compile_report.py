@@ -4,6 +4,9 @@ Every case is compiled once (one child process, ~20-40 s on two cores) and the r
 the tests below. A GPU-room module that is not there skips only its own assertions.
 """
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -114,3 +117,30 @@ def test_cli_prints_a_row_per_case(capsys, tmp_path):
     stored = json.loads(out_json.read_text())
     assert "command" in stored and "machine" in stored  # stamped by the harness's write_json
     assert [r["case"] for r in stored["rows"]] == [r["case"] for r in result["rows"]]
+
+
+_WINDOW_ARGS = """
+from course.s06_kernels_graphs.gpu.compile_report import lesson_cases, room_cases
+for case in lesson_cases() + room_cases((9, 0))[0]:
+    kernel, attrs = case["kernel"], case["attrs"]
+    params = {p.name: p for p in kernel.params}
+    if "window" in params:
+        named = [kernel.arg_names[i] for (i,) in attrs] if isinstance(attrs, dict) else list(attrs)
+        print(kernel.__name__, case["signature"]["window"], params["window"].do_not_specialize, "window" in named)
+"""
+
+
+def test_attention_kernels_compile_the_window_as_one_runtime_int():
+    """Every attention kernel (and the room's split merge) takes a sliding layer's window as an
+    i32 that the launcher never specializes, not to a constant 1 nor as a multiple of 16: the
+    rows above are then the very kernels that run for full layers (window 0) and sliding ones,
+    and a model with both compiles each kernel once. Built where Triton compiles (no interpreter)."""
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _WINDOW_ARGS], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.strip().splitlines()]
+    kernels = {r[0] for r in rows}
+    assert {"_decode_kernel", "_varlen_paged_attn_kernel"} <= kernels
+    assert "_reduce_kernel" not in kernels  # the lesson's merge needs no window: an empty split's lse is -inf
+    bad = [" ".join(r) for r in rows if r[1:] != ["i32", "True", "False"]]
+    assert not bad, bad

@@ -1,0 +1,60 @@
+"""Models beyond full attention through stage 06's engine, on every backend that serves them:
+greedy ids equal stage 01's whole recompute (which equals transformers) for prompts longer than
+the windows; a backend without what a model needs (sinks) refuses it by name."""
+import importlib
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from course.s01_decode_loop.families import FAMILIES, family_classes
+from course.s01_decode_loop.generate import generate_naive
+from course.s01_decode_loop.sampling import SamplingParams
+from course.s01_decode_loop.testing import TINY_EOS, windowed_model
+from course.s04_continuous_batching.hybrid.engine import HybridStates
+from course.s06_kernels_graphs import cpu
+from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
+
+cpu.register()
+
+PROMPTS = [list(range(30, 52)), [5, 6, 7], list(range(60, 75))]
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+class HybridEngine(HybridStates, LLMEngine):
+    pass
+
+
+def family_model(model_type: str):
+    module = importlib.import_module(f"course.s01_decode_loop.families.{FAMILIES[model_type][0]}")
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(module.tiny_config()).eval()
+    config_class, model_class = family_classes(model_type)
+    model = model_class(config_class.from_hf(hf.config))
+    model.load_state_dict(hf.state_dict())
+    return model.eval()
+
+
+def served(model, byte_tok, **options):
+    engine_class = HybridEngine if model.config.model_type == "qwen3_next" else LLMEngine
+    config = KernelEngineConfig(num_blocks=48, block_size=4, max_num_seqs=4, max_num_batched_tokens=10, **options)
+    engine = engine_class(model, byte_tok, config, [TINY_EOS])
+    return [o.token_ids for o in engine.generate(PROMPTS, GREEDY)]
+
+
+RUNS = [("gemma3_text", "torch", {}), ("gemma3_text", "cpu", {}), ("gemma3_text", "triton", {}),
+        ("gpt_oss", "torch", {}), ("qwen3_next", "torch", {}), ("qwen3_next", "cpu", {}),
+        ("windowed", "torch", {"cuda_graphs": True}), ("windowed", "cpu", {"fused": True})]
+
+
+@pytest.mark.parametrize("name, backend, options", RUNS, ids=[f"{n}-{b}" for n, b, _ in RUNS])
+def test_families_every_backend_gives_stage01_greedy_ids(byte_tok, name, backend, options):
+    model = windowed_model(5, every_layer=False) if name == "windowed" else family_model(name)
+    want = [generate_naive(model, byte_tok, p, GREEDY).token_ids for p in PROMPTS]
+    assert served(model, byte_tok, attention_backend=backend, **options) == want
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_families_a_backend_without_sinks_refuses_gpt_oss_by_name(byte_tok, backend):
+    with pytest.raises(ValueError, match="sinks"):
+        served(family_model("gpt_oss"), byte_tok, attention_backend=backend)
