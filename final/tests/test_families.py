@@ -33,3 +33,47 @@ def test_families_serve_a_folder_through_the_openai_client(tmp_path, byte_tok, m
     assert out.choices[0].logprobs.tokens == [byte_tok.decode([t]) for t in want]
     assert card.model_extra["architecture"] == FAMILIES[model_type][2]
     assert SAID[model_type] in proc.stdout.read()
+
+
+def test_families_a_hybrid_model_speculates_with_its_state_rolled_back(byte_tok):
+    """Qwen3-Next with drafts wrong at varied positions (so each verification accepts a different
+    prefix): the recurrent state resumes after the accepted rows, and the greedy ids equal a run
+    without speculation; a tree is refused by name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from course.final.engine import Engine, SpeculativeConfig
+    from course.s01_decode_loop.families.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM, tiny_config
+    from course.s01_decode_loop.generate import generate_naive
+    from course.s01_decode_loop.sampling import SamplingParams
+    from course.s04_continuous_batching.hybrid.engine import HybridStates
+    from course.s05_speculative.drafter import Draft, Drafter
+    from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(tiny_config()).eval()
+    model = Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(hf.config))
+    model.load_state_dict(hf.state_dict())
+    greedy = SamplingParams(max_new_tokens=14, temperature=0.0, ignore_eos=True)
+    prompts = [list(range(30, 52)), [5, 6, 7], list(range(60, 75))]
+    truth = {tuple(p): generate_naive(model.eval(), byte_tok, p, greedy).token_ids for p in prompts}
+
+    class WrongSometimes(Drafter):
+        name = "oracle"
+
+        def propose(self, seq, k):
+            done = len(seq.output_ids)
+            future = truth[tuple(seq.prompt_ids)][done:][:k]
+            return Draft([t if (done + i) % 3 else (t + 1) % 256 for i, t in enumerate(future)])
+
+    class HybridEngine(HybridStates, Engine):
+        pass
+
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+    engine = HybridEngine(model, byte_tok, config, [257], SpeculativeConfig("lookup", 4), drafter=WrongSometimes())
+    outs = engine.generate(prompts, greedy)
+    assert [o.token_ids for o in outs] == [truth[tuple(p)] for p in prompts]
+    stats = engine.spec_stats
+    assert 0 < stats.accepted < stats.proposed  # some drafts rejected, some accepted
+    with pytest.raises(ValueError, match="trees"):
+        engine.trees = object()  # what --speculative-tree attaches

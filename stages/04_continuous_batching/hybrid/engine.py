@@ -5,7 +5,8 @@ Each step tells the cache which sequences run, from where and how many rows; the
 save their states through the backend's `recurrent` seam (stage 01's attention.py). The block
 manager's prefix hits stop where a state snapshot exists. Preemption needs nothing more: a
 preempted sequence's state is dropped, and it resumes from its prefix hit's snapshot, or from 0.
-Speculative decoding is refused: a rejected draft would have to roll the state back.
+Speculative decoding keeps the state after every row of a verification (states.py); trees and
+overlap (a step launched before the last one's tokens are known) are refused.
 """
 from __future__ import annotations
 
@@ -18,16 +19,28 @@ class HybridStates:
     def __init__(self, model, tokenizer, config=None, *args, state_interval: int | None = None,
                  max_state_snapshots: int = 512, **kw):
         super().__init__(model, tokenizer, config, *args, **kw)
-        if getattr(self, "source", None) is not None or getattr(self.config, "overlap", False):
-            raise ValueError("a model with linear-attention layers runs without speculative decoding and overlap: "
-                             "a rejected draft or a step run ahead would leave its recurrent state wrong")
+        if getattr(self.config, "overlap", False):
+            raise ValueError("a model with linear-attention layers runs without overlap: a step launched before "
+                             "the last one's tokens are known would continue its recurrent state from a guess")
         self.states = RecurrentStates(linear_layers(model.config), self.config.block_size, state_interval,
                                       max_state_snapshots)
         self.attn.recurrent = self.states
         self.blocks.prefix_limit = self.states.usable_prefix
 
+    @property
+    def trees(self):  # final/'s speculative trees: never here
+        return None
+
+    @trees.setter
+    def trees(self, drafting) -> None:
+        if drafting is not None:
+            raise ValueError("speculative trees on a model with linear-attention layers: a tree's rows are not one "
+                             "sequence, so the recurrent state cannot follow them; draft chains")
+
     def _run(self, chunks, *args, **kw):
-        self.states.begin_step([(req.request_id, req.all_ids, req.num_computed_tokens, n) for req, n in chunks])
+        drafts = getattr(self, "drafts", {})  # final/'s engine: this step's drafts per request
+        self.states.begin_step([(req.request_id, req.all_ids, req.num_computed_tokens, n) for req, n in chunks],
+                               {req.request_id for req, _ in chunks if drafts.get(req.request_id)})
         try:
             return super()._run(chunks, *args, **kw)
         finally:

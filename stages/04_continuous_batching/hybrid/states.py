@@ -14,6 +14,12 @@ So a prefix hit needs a *copy* of the state taken when the sequence passed that 
 The layer asks `load(layer, b)` for sequence b's state before this step's rows, runs its rows in
 the runs `cuts(b)` gives (ending at each boundary, then at the chunk's end), and hands each
 run's final state to `save`.
+
+Speculative decoding: a verification chunk (the last token and k drafts) keeps the state after
+every row, so whatever prefix of the drafts is accepted, the next step resumes from the state at
+its end. We keep k+1 states rather than recompute from the last accepted token: k is small (a
+state per draft is k small copies), and a recompute would cost a forward of the accepted rows.
+A speculative *tree* is refused: its rows are not one sequence.
 """
 from __future__ import annotations
 
@@ -59,16 +65,23 @@ class RecurrentStates:
         self.current: dict[int, tuple[int, dict[int, State]]] = {}  # request -> (length, layer -> state)
         self.snapshots: OrderedDict[bytes, dict[int, State]] = OrderedDict()
         self.batch: list[tuple[int, list[int], int, int]] = []   # this step: (request, ids, start, rows)
+        self.drafted: set[int] = set()                            # this step's verification chunks
+        self.after_row: dict[int, dict[int, dict[int, State]]] = {}  # request -> length -> layer -> state
         self.restored_tokens = 0  # prompt tokens resumed from a snapshot (statistics)
 
     # ---- the engine's side ----------------------------------------------------------------
-    def begin_step(self, batch: list[tuple[int, list[int], int, int]]) -> None:
-        """This step's sequences in batch order: (request id, token ids, tokens computed, new rows).
-        A sequence that does not stand where its state does (new, preempted, resumed from a prefix
-        hit) starts from its snapshot there, or from an empty state at 0."""
-        self.batch = batch
+    def begin_step(self, batch: list[tuple[int, list[int], int, int]], drafted: set[int] = frozenset()) -> None:
+        """This step's sequences in batch order: (request id, token ids, tokens computed, new rows);
+        `drafted`: the requests whose rows verify drafts. A sequence that does not stand where its
+        state does (drafts rejected, new, preempted, resumed from a prefix hit) starts from its
+        state after the accepted rows, its snapshot there, or an empty state at 0."""
+        self.batch, self.drafted = batch, set(drafted)
         for rid, ids, start, _ in batch:
+            kept = self.after_row.pop(rid, {}).get(start)
             if rid in self.current and self.current[rid][0] == start:
+                continue
+            if kept is not None and len(kept) == len(self.layers):
+                self.current[rid] = (start, kept)
                 continue
             if start == 0:
                 self.current[rid] = (0, {})
@@ -92,6 +105,7 @@ class RecurrentStates:
         """Forget the states of sequences no longer running (finished, aborted, preempted)."""
         for rid in [r for r in self.current if r not in request_ids]:
             del self.current[rid]
+            self.after_row.pop(rid, None)
 
     def usable_prefix(self, token_ids: list[int], hit_tokens: int) -> int:
         """The deepest boundary at or below `hit_tokens` where every linear layer's state was saved."""
@@ -109,7 +123,9 @@ class RecurrentStates:
     def cuts(self, b: int) -> list[int]:
         """Row counts into sequence b's new rows after which its state is wanted: each snapshot
         boundary the rows pass, then their end."""
-        _, _, start, rows = self.batch[b]
+        rid, _, start, rows = self.batch[b]
+        if rid in self.drafted:  # a verification: the state after every row (any may be the last accepted)
+            return list(range(1, rows + 1))
         first = (start // self.interval + 1) * self.interval
         return [p - start for p in range(first, start + rows, self.interval)] + [rows]
 
@@ -118,6 +134,8 @@ class RecurrentStates:
         length = start + rows
         if rows == total:
             self.current[rid][1][layer] = state
+        if rid in self.drafted:
+            self.after_row.setdefault(rid, {}).setdefault(length, {})[layer] = state
         if length % self.interval == 0 and length <= len(ids):  # a boundary: keep a copy, named by its prefix
             key = prefix_hash(ids, length, self.block_size)
             self.snapshots.setdefault(key, {})[layer] = (state[0].clone(), state[1].clone())

@@ -29,7 +29,7 @@ class TorchPagedBackend:
                                   "TorchPagedBackend.write_kv")
 
 
-def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
+def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens, window: int | None = None, sinks=None):
     """q: [B, H, D], one query per sequence at position seq_len-1; pools [num_blocks, bs, Hkv, D];
     block_tables [B, W]; seq_lens [B]. Returns [B, H, D] in q's dtype.
 
@@ -38,5 +38,7 @@ def decode_attention_gather(q, k_pool, v_pool, block_tables, seq_lens):
     (`k_pool[block_tables]` -> [B, W, bs, Hkv, D], flattened to [B, W*bs, Hkv, D]); group the
     H query heads by their KV head ([B, Hkv, H/Hkv, D]: grouped-query attention without copying
     K/V per query head); scores in float32 scaled by D**-0.5 (einsum); -inf where the key index
-    >= the sequence's length; softmax over keys; weight the values; back to [B, H, D]."""
+    >= the sequence's length (and, with a `window`, < length - window); softmax over keys
+    (`softmax_with_sinks` with `sinks` [H] viewed as [1, Hkv, H/Hkv, 1]); weight the values;
+    back to [B, H, D]."""
     raise NotImplementedError("exercise: stages/06_kernels_graphs/exercises/torch_backend.py decode_attention_gather")
