@@ -4,7 +4,9 @@
         nobody watching:  remove the step clock if it is there; return (no other work)
         someone watching: step clock installed; every >= 0.2 s, and never more often than
                           keeps the snapshot's own cost under 2% of the engine thread, build
-                          one snapshot, encode it once, hand it to every watcher
+                          one snapshot, encode it once, hand it to every watcher; and at once
+                          when the number of running requests changes, so a request shorter
+                          than the interval is still seen
     each watcher (one per open page) ──> a bounded queue on the server's event loop: when the
         page reads slower than snapshots come, the oldest is dropped; the engine never waits
 
@@ -57,6 +59,7 @@ class EngineWatch:
         self._lock = threading.Lock()
         self._clock: StepClock | None = None
         self._due = 0.0
+        self._running = 0  # running requests in the last snapshot
         self._spec_seen = (0, 0)
 
     @property
@@ -81,9 +84,10 @@ class EngineWatch:
             self.detach()
             return
         self.attach(engine)
-        now = time.monotonic()
-        if now < self._due:
+        now, running = time.monotonic(), len(engine.scheduler.running)
+        if now < self._due and running == self._running:
             return
+        self._running = running
         data = self.build_json(engine, refusals)
         self._due = now + max(self.min_interval_s, self.last_build_s / self.max_cost_share)
         with self._lock:
