@@ -31,7 +31,7 @@ from ..model import MLP, CausalLM, Decoder, RMSNorm
 from ..moe.config import moe_fields
 from ..moe.experts import SparseMoeBlock
 from ..rope import RotaryEmbedding, apply_rope
-from .delta_rule import causal_conv1d, chunk_gated_delta_rule
+from .delta_rule import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
 
 MODEL_TYPE = "qwen3_next"
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -241,8 +241,8 @@ class GatedDeltaNet(nn.Module):
                 qs = l2norm(qs.float().reshape(e - s, nk, dk)) * dk ** -0.5
                 ks = l2norm(ks.float().reshape(e - s, nk, dk))
                 qs, ks = qs.repeat_interleave(self.per_k, 1), ks.repeat_interleave(self.per_k, 1)
-                out[s:e], state = chunk_gated_delta_rule(qs, ks, vs.reshape(e - s, nv, dv), g[s:e], beta[s:e],
-                                                         initial_state=state)
+                rule = recurrent_gated_delta_rule if e - s == 1 else chunk_gated_delta_rule  # decode: one step
+                out[s:e], state = rule(qs, ks, vs.reshape(e - s, nv, dv), g[s:e], beta[s:e], initial_state=state)
                 if states:
                     states.save(self.layer_idx, seq, e - first, (conv_state, state))
         out = self.norm(out, z.reshape(t, nv, dv))

@@ -293,3 +293,15 @@ def test_engine_greedy_tokens_on_sliding_layers_equal_the_torch_backends(byte_to
         outputs.append([o.token_ids for o in engine.generate([list(p) for p in PROMPTS], params)])
         assert engine.blocks.window == (WINDOW if layers == "all" else None)  # blocks released or kept
     assert outputs[1] == outputs[0] and outputs[2] == outputs[0]
+
+
+def test_bench_windows_reports_each_window_against_no_window():
+    """The benchmark's rows: every context has its no-window row (ratio 1) and its windows."""
+    from types import SimpleNamespace
+
+    from course.s06_kernels_graphs.cpu.bench_windows import run_all
+
+    rows = run_all(SimpleNamespace(context=[64, 1024]))["rows"]
+    assert [(r["context"], r["window"]) for r in rows] == [(64, None), (1024, None), (1024, 512)]
+    assert all(r["c_ms"] > 0 and r["gather_ms"] > 0 for r in rows)
+    assert [r["c_full_over_windowed"] for r in rows if r["window"] is None] == [1.0, 1.0]
