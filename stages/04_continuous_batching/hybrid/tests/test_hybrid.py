@@ -51,17 +51,21 @@ def test_hybrid_batched_equals_whole_sequence_recompute(model, byte_tok, budget,
 
 
 def test_hybrid_prefix_hit_resumes_the_state_and_recomputes_at_most_one_block(model, byte_tok):
-    """A second request sharing a cached 64-token prefix resumes from the snapshot at its deepest
-    boundary (with the last block recomputed when the whole prompt is cached) and answers as a cold run."""
-    engine = HybridEngine(model, byte_tok, EngineConfig(num_blocks=128, block_size=BLOCK, max_num_batched_tokens=24))
-    shared = prompts([64], seed=3)[0]
+    """A second request sharing a cached 256-token prefix resumes from the snapshot at its deepest
+    boundary, recomputing at most one block of the prefix, and answers as a cold run (no prefix
+    cache; the cold run equals stage 01's recompute, the test above)."""
+    block = 16  # (real models' block size: a snapshot each 16 tokens)
+    engine = HybridEngine(model, byte_tok, EngineConfig(num_blocks=48, block_size=block, max_num_batched_tokens=64))
+    shared = prompts([256], seed=3)[0]
     engine.generate([shared + [1, 2, 3]], [greedy(6)])
     second = shared + [7, 8]
     hit_before = engine.blocks.prefix_hit_tokens
     out = engine.generate([second], [greedy(8)])[0]
-    assert engine.blocks.prefix_hit_tokens - hit_before >= 64 - BLOCK
-    assert engine.states.restored_tokens >= 64 - BLOCK
-    assert out.token_ids == generate_naive(model, byte_tok, second, greedy(8)).token_ids
+    assert engine.blocks.prefix_hit_tokens - hit_before >= 256 - block
+    assert engine.states.restored_tokens >= 256 - block
+    cold = HybridEngine(model, byte_tok, EngineConfig(num_blocks=48, block_size=block, max_num_batched_tokens=64,
+                                                      enable_prefix_caching=False))
+    assert out.token_ids == cold.generate([second], [greedy(8)])[0].token_ids
 
 
 def test_hybrid_without_a_snapshot_the_hit_stops_where_one_is(model, byte_tok):
