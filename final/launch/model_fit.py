@@ -2,20 +2,14 @@
 
 Stage 06's fused layers, split and int8 linears are written for stage 01's Llama shape; a family
 of its own (stage 01's families/: Gemma 3, gpt-oss, Qwen3-Next) runs its own forward, unfused.
-gpt-oss's attention sinks need a backend with a sink term (torch); a hybrid model's recurrent
-states (stage 04's hybrid/) need eager steps, one at a time (no CUDA graphs, no overlap). What the
-flags left to the defaults is adjusted, and said; what a flag asked for and the model cannot
-take is refused, naming the flag.
+A hybrid model's recurrent states (stage 04's hybrid/) need eager steps, one at a time (no CUDA
+graphs, no overlap). What the flags left to the defaults is adjusted, and said; what a flag
+asked for and the model cannot take is refused, naming the flag.
 """
 from __future__ import annotations
 
-from course.s04_continuous_batching.hybrid.states import linear_layers
-from course.s06_kernels_graphs.engine import BACKENDS
 from course.s01_decode_loop.model import CausalLM
-
-
-def has_sinks(model) -> bool:
-    return any(name.endswith("self_attn.sinks") for name, _ in model.named_parameters())
+from course.s04_continuous_batching.hybrid.states import linear_layers
 
 
 def fit_options(options: dict, args, model) -> tuple[dict, list[str]]:
@@ -36,12 +30,6 @@ def fit_options(options: dict, args, model) -> tuple[dict, list[str]]:
         drop("fused", "--fused", False, why)
         drop("linear_splits", "--linear-splits", 1, why)
         drop("quantization", "--quantization", None, why)
-    if has_sinks(model) and not BACKENDS[options.get("attention_backend") or "torch"].takes_sinks:
-        if args.attention_backend is not None:
-            raise ValueError(f"--attention-backend {args.attention_backend} has no attention-sink term, which "
-                             f"{family}'s layers need: use --attention-backend torch")
-        options["attention_backend"] = "torch"
-        notes.append("attention backend torch: the model's attention sinks need its sink term")
     if linear_layers(model.config):
         why = "its linear-attention layers keep a state per sequence, updated by eager steps"
         drop("cuda_graphs", "--cuda-graphs", False, why)

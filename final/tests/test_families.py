@@ -11,7 +11,7 @@ from course.final.testing import stop_cli_server as stop
 from course.s01_decode_loop.families import FAMILIES
 from course.s01_decode_loop.testing import greedy_reference_uncached, save_transformers_model
 
-SAID = {"gemma3_text": "sliding window of 8 tokens in 5 of 6 layers", "gpt_oss": "attention backend torch: the model's attention sinks",
+SAID = {"gemma3_text": "sliding window of 8 tokens in 5 of 6 layers", "gpt_oss": "sliding window of 8 tokens in 2 of 4 layers",
         "qwen3_next": "state cache:"}
 
 
@@ -77,3 +77,31 @@ def test_families_a_hybrid_model_speculates_with_its_state_rolled_back(byte_tok)
     assert 0 < stats.accepted < stats.proposed  # some drafts rejected, some accepted
     with pytest.raises(ValueError, match="trees"):
         engine.trees = object()  # what --speculative-tree attaches
+
+
+def test_families_the_launch_turns_off_what_a_family_cannot_take_and_refuses_it_when_asked():
+    """Left to the defaults, fused layers and split linears are turned off (and said); asked for
+    on the command line, they are refused, naming the flag. A hybrid model runs without graphs."""
+    from types import SimpleNamespace
+
+    from course.final.launch.model_fit import fit_options
+    from course.s01_decode_loop.families.gemma3 import Gemma3Config, Gemma3ForCausalLM
+    from course.s01_decode_loop.families.gemma3 import tiny_config as gemma_tiny
+    from course.s01_decode_loop.families.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
+    from course.s01_decode_loop.families.qwen3_next import tiny_config as next_tiny
+
+    gemma = Gemma3ForCausalLM(Gemma3Config.from_hf(gemma_tiny()))
+    defaults = dict(fused=True, linear_splits=2, quantization=None, cuda_graphs=True, overlap=True,
+                    attention_backend="cpu")
+    unset = SimpleNamespace(fused=None, linear_splits=None, quantization=None, cuda_graphs=None, overlap=None,
+                            attention_backend=None)
+    fitted, notes = fit_options(defaults, unset, gemma)
+    assert (fitted["fused"], fitted["linear_splits"], fitted["cuda_graphs"]) == (False, 1, True)
+    assert any(n.startswith("--fused off") for n in notes)
+    with pytest.raises(ValueError, match="--fused"):
+        fit_options(defaults, SimpleNamespace(**{**vars(unset), "fused": True}), gemma)
+    hybrid = Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(next_tiny()))
+    fitted, _ = fit_options(defaults, unset, hybrid)
+    assert (fitted["cuda_graphs"], fitted["overlap"]) == (False, False)
+    with pytest.raises(ValueError, match="--overlap"):
+        fit_options(defaults, SimpleNamespace(**{**vars(unset), "overlap": True}), hybrid)

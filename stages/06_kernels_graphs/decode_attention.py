@@ -27,18 +27,16 @@ import torch
 import triton
 import triton.language as tl
 
-# Keys per loop iteration. Each key finds its page through the table, so a tile may span
-# several small pages or part of a large one: any block size works.
-BLOCK_N = 16
+BLOCK_N = 16  # keys per loop iteration; each finds its page in the table, so any block size works
 
 
 @triton.jit(do_not_specialize=["window"])  # a full layer (0) and a sliding one share one kernel
 def _decode_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, scale, window,
-    stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, sinks_ptr,
+    scale, window, stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
     stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-    PAGE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -89,13 +87,18 @@ def _decode_kernel(
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
 
+    if HAS_SINKS:  # gpt-oss: each head's sink, one more logit in its sum with no value,
+        if split == 0:  # counted once: the reduce adds the splits' sums, each weighed by its lse
+            sink = tl.load(sinks_ptr + heads, mask=g_ok, other=0.)
+            m_new = tl.maximum(m_i, sink)  # finite, even in a split that saw no key
+            alpha = tl.exp(m_i - m_new)
+            acc, l_i, m_i = acc * alpha[:, None], l_i * alpha + tl.exp(sink - m_new), m_new
     acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
     out_mask = g_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
                  acc.to(o_ptr.dtype.element_ty), mask=out_mask)
-    else:
-        # Scratch is contiguous fp32 [B, H, S, D] and [B, H, S]; an empty split writes lse = -inf.
+    else:  # scratch is contiguous fp32 [B, H, S, D] and [B, H, S]; an empty split writes lse = -inf
         lse = tl.where(l_i > 0., m_i + tl.log(tl.where(l_i > 0., l_i, 1.)), float("-inf"))
         row = (b * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
         tl.store(part_o_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
@@ -125,12 +128,12 @@ def _reduce_kernel(
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=1,
                            out=None, block_n=BLOCK_N, num_warps=None, k_scale=None, v_scale=None,
-                           window: int | None = None) -> torch.Tensor:
-    """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged
-    pool k/v_cache [num_blocks, block_size, Hkv, D], whose pages are block_tables[b]. Returns
-    [B, H, D] in q's dtype, written into `out` if given. num_splits > 1: split-K + reduce.
-    An int8 pool comes with k/v_scale [num_blocks, block_size, Hkv]; a sliding layer, its
-    `window`. block_n and num_warps are tuning knobs (bench/tune_decode.py)."""
+                           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged pool
+    k/v_cache [num_blocks, block_size, Hkv, D] through block_tables[b]: [B, H, D] in q's dtype, into
+    `out` if given. num_splits > 1: split-K + reduce. An int8 pool comes with k/v_scale [num_blocks,
+    block_size, Hkv]; a sliding layer, its `window`; gpt-oss, its `sinks` [H]. block_n, num_warps:
+    tuning knobs (bench/tune_decode.py)."""
     B, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
@@ -154,12 +157,12 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
     launch = {} if num_warps is None else {"num_warps": num_warps}
     _decode_kernel[(B, hkv, num_splits)](
         q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
-        out, part_o, part_lse, block_tables, seq_lens, float(scale), window or 0,
-        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        out, part_o, part_lse, block_tables, seq_lens, q if sinks is None else sinks.float().contiguous().view(H),
+        float(scale), window or 0, q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_tables.stride(1),
         triton.cdiv(width, num_splits),
-        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_G=triton.next_power_of_2(group),
-        PAGE=page, NUM_SPLITS=num_splits, BLOCK_N=block_n, QUANTIZED=k_scale is not None, **launch,
+        HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_G=triton.next_power_of_2(group), PAGE=page,
+        NUM_SPLITS=num_splits, BLOCK_N=block_n, QUANTIZED=k_scale is not None, HAS_SINKS=sinks is not None, **launch,
     )
     if num_splits > 1:
         _reduce_kernel[(B, H)](

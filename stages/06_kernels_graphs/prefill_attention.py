@@ -20,19 +20,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Interpreter-friendly tiles. A GPU would use BLOCK_M = 64 or 128 and BLOCK_N = 64 (picked
-# per head dim / shared-memory budget); every tl.dot dim stays >= 16 either way.
-BLOCK_M = 16
-BLOCK_N = 16
+BLOCK_M = BLOCK_N = 16  # interpreter-friendly tiles (a GPU's: 64-128 x 64); every tl.dot dim stays >= 16
 
 
 @triton.jit(do_not_specialize=["window"])  # one kernel for every window (0: none)
 def _varlen_paged_attn_kernel(
-    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, scale, window,
-    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od,
-    stride_kb, stride_ks, stride_kh, stride_bt,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr, QUANTIZED: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, sinks_ptr, scale, window,
+    stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od, stride_kb, stride_ks, stride_kh, stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr, QUANTIZED: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -48,9 +44,8 @@ def _varlen_paged_attn_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     m_ok = offs_m < q_len
     d_ok = offs_d < HEAD_DIM  # head dim padded to a power of two >= 16 for tl.dot
-    q_pos = prefix + offs_m  # absolute positions: query at p sees keys 0..p
-    # ... and, in a sliding layer, none before p - window + 1 (0: no window, the whole prefix)
-    first_key = tl.where(window > 0, q_pos - window + 1, 0)
+    q_pos = prefix + offs_m  # absolute positions: query at p sees keys 0..p,
+    first_key = tl.where(window > 0, q_pos - window + 1, 0)  # in a sliding layer none before p - window + 1
     rows = q_start + offs_m  # int64: T * stride can pass 2**31
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
@@ -66,8 +61,7 @@ def _varlen_paged_attn_kernel(
     for start in range(key_start, key_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_ok = offs_n < key_end
-        # Each key token finds its page through the table; entries past the sequence's blocks
-        # are garbage, so the table read is masked too.
+        # Each key finds its page through the table; entries past the sequence's are garbage: masked.
         page = tl.load(bt_ptr + b.to(tl.int64) * stride_bt + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
         slot = page * stride_kb + (offs_n % PAGE) * stride_ks + kv_off
         kv_mask = n_ok[:, None] & d_ok[None, :]  # never unmasked: 0 * NaN from a stray slot is NaN
@@ -97,6 +91,11 @@ def _varlen_paged_attn_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
+    if HAS_SINKS:  # the head's sink (gpt-oss): one more logit in every row's sum, with no value
+        sink = tl.load(sinks_ptr + h)
+        m_new = tl.maximum(m_i, sink)  # finite, even in a row that saw no key
+        alpha = tl.exp(m_i - m_new)
+        acc, l_i = acc * alpha[:, None], l_i * alpha + tl.exp(sink - m_new)
     acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
     tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
              acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
@@ -104,11 +103,11 @@ def _varlen_paged_attn_kernel(
 
 def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, max_query_len: int,
                            scale=None, out=None, k_scale=None, v_scale=None,
-                           window: int | None = None) -> torch.Tensor:
+                           window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (sequence b's rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its
     last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D]
     (int8: with k/v_scale [num_blocks, block_size, Hkv]), in a sliding layer its last `window`
-    positions. Returns [T, H, D] in q's dtype."""
+    positions, with gpt-oss's `sinks` [H]. Returns [T, H, D] in q's dtype."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
@@ -125,11 +124,11 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     grid = (batch, H, triton.cdiv(max_query_len, BLOCK_M))
     _varlen_paged_attn_kernel[grid](
         q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
-        out, cu_seqlens_q, seq_lens, block_tables, float(scale), window or 0,
-        q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
+        out, cu_seqlens_q, seq_lens, block_tables, q if sinks is None else sinks.float().contiguous().view(H),
+        float(scale), window or 0, q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, GROUP=H // hkv,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_SINKS=sinks is not None,
         DOT_16BIT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16), QUANTIZED=k_scale is not None,
     )
     return out

@@ -38,11 +38,11 @@ class LessonKernels:
     scaled_kv = True  # its attention reads int8 codes with their scales (a room writes them)
 
     @staticmethod
-    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out, *scales, window=None) -> torch.Tensor:
+    def attend(q, k, v, k_pool, v_pool, meta: KernelMetadata, out, *scales, window=None, sinks=None) -> torch.Tensor:
         from .decode_attention import paged_decode_attention
         from .prefill_attention import varlen_paged_attention
 
-        kw = dict(zip(("k_scale", "v_scale"), scales), window=window)  # an int8 pool's scales, the layer's window
+        kw = dict(zip(("k_scale", "v_scale"), scales), window=window, sinks=sinks)  # int8 pool scales; the layer's
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
                                           num_splits=meta.num_splits, out=out, **kw)
@@ -61,14 +61,14 @@ def register_stored_kv_write(dtype: torch.dtype, write) -> None:
 
 def register_kernel_set(kernels: type) -> None:
     """A room's kernel set, chosen by its `name` (`KernelEngineConfig.triton_kernels`); its
-    `attend` takes the layer's sliding `window` too."""
+    `attend` takes the layer's sliding `window` and `sinks` too."""
     KERNEL_SETS[kernels.name] = kernels
 
 
 class TritonPagedBackend(KernelBackend):
     name = "triton"
     fused_ops = TritonOps
-    serves_windows = True  # every kernel set masks a sliding layer's window (`attend`'s window)
+    serves_windows = takes_sinks = True  # every kernel set masks a sliding layer's window, adds gpt-oss's sinks
 
     def __init__(self, cache: PagedKVCache, num_splits: int | None = None, kernels: str = "lesson"):
         if kernels not in KERNEL_SETS:
@@ -97,25 +97,24 @@ class TritonPagedBackend(KernelBackend):
     def experts_kernel(self):
         return self.kernels.experts or super().experts_kernel
 
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
+    def forward(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
         from .kv_write import write_kv
 
         write = STORED_KV_WRITES[self.cache.kv_dtype] if self.cache.quantized else write_kv
         write(k, v, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping, *self.scales(layer))
-        return self.attend(layer, q, k, v, meta)
+        return self.attend(layer, q, k, v, meta, sinks)
 
     def scales(self, layer) -> tuple:
         """An int8 pool's K and V scales of the layer; none for a float pool."""
         return (self.cache.k_scale[layer], self.cache.v_scale[layer]) if self.cache.quantized else ()
 
-    def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata):
+    def rotary_forward(self, layer, q, k, v, cos, sin, meta: KernelMetadata, sinks=None):
         """`forward` for q and k not yet rotated (cos, sin [T, D/2]): the set's RoPE in the KV write."""
         self.kernels.rotary_write_kv(q, k, v, cos, sin, self.cache.k[layer], self.cache.v[layer], meta.slot_mapping)
-        return self.attend(layer, q, k, v, meta)
+        return self.attend(layer, q, k, v, meta, sinks)
 
-    def attend(self, layer, q, k, v, meta: KernelMetadata):
-        """The kernel set's attention launches, this step's K/V already in the pool (and each
-        layer's window: a host int, baked into a captured step's launches)."""
+    def attend(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
+        """The set's attention, K/V in the pool; a captured step bakes in the window and the sinks' address."""
         out = torch.zeros_like(q) if meta.graphed else torch.empty_like(q)  # bucket padding rows: zeros
         return self.kernels.attend(q, k, v, self.cache.k[layer], self.cache.v[layer], meta, out, *self.scales(layer),
-                                   window=self.window(layer))
+                                   window=self.window(layer), sinks=sinks)

@@ -18,13 +18,16 @@
  * so its prefix keys begin at tree_first[i] + popcount(bits) - window (at tree_first[i] when the
  * window ends inside the tree). Blocks wholly before a row's first key are never read, so a
  * sliding layer costs its window, not the sequence's length.
+ * Attention sinks (gpt-oss; `sinks`: one logit per query head, or NULL) join each head's softmax
+ * denominator after its last block, as one more term with no value: the head may weigh nothing.
  *
  * With AVX-512 and a head size that is a multiple of 16, a block's scores and value sums use
  * vector code (block_scores, block_values: 1.2-1.4x the plain loops, bench_cpu_kernels.py);
  * the plain loops below are the rest, and what compilers without AVX-512 build.
  *
  * Compiled with -ffast-math, so the exponentials vectorize (glibc's libmvec): the kernel never
- * meets an infinity (the running max starts at -FLT_MAX, masked keys are never visited).
+ * meets an infinity (the running max starts at -FLT_MAX, masked keys are never visited, and
+ * attention.py clamps the sinks to finite floats).
  *
  * A pool may store bfloat16 values, or 8-bit codes with a float16 scale per (token, KV head):
  * int8, or float8 e4m3 (quantized_kv.py). Then each block's rows of the head are read as codes
@@ -304,6 +307,7 @@ int64_t paged_attention_rows_f32(
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n,  /* per work row */
     const int64_t *tree_first, const uint64_t *tree_bits,                     /* per work row, or NULL */
     int64_t window,                                                            /* the layer's; 0: none */
+    const float *sinks,                                                        /* [heads], or NULL: none */
     const int64_t *block_tables, int64_t table_width,                          /* [num_seqs, width] */
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int num_threads)
 {
@@ -402,6 +406,17 @@ int64_t paged_attention_rows_f32(
                         #pragma omp simd
                         for (int64_t d = 0; d < dim; d++) a[d] += w * vt[d];
                     }
+                }
+            }
+            if (sinks) {  /* each head's sink s: one more term of its denominator, exp(s), with no value */
+                for (int64_t g = 0; g < group; g++) {
+                    const float s = sinks[kv * group + g];
+                    const float new_max = s > maxs[g] ? s : maxs[g];
+                    /* as for a block: the sum and accumulator rescaled to the new max (0 if the row
+                     * saw no key: maxs[g] is still -FLT_MAX; then the output is 0, not 0 / 0) */
+                    const float rescale = expf(maxs[g] - new_max);
+                    sums[g] = sums[g] * rescale + expf(s - new_max);
+                    for (int64_t d = 0; d < dim; d++) acc[g * dim + d] *= rescale;
                 }
             }
             float *o = out + (rows[i] * heads + kv * group) * dim;

@@ -34,7 +34,7 @@ LIMITS = {"query heads per KV head": 16, "head_dim": 256, "block_size": 128}  # 
 def _library():
     fn = native.load(SOURCE, FLAGS).paged_attention_rows_f32
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr,
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ctypes.c_int, ptr, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr,
                    i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     fn.restype = i64
     return fn
@@ -69,7 +69,7 @@ def check_shapes(k_pool, query_heads: int | None = None) -> None:
 
 
 def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=None, tree_first=None,
-                         tree_bits=None, window: int | None = None) -> torch.Tensor:
+                         tree_bits=None, window: int | None = None, sinks=None) -> torch.Tensor:
     """out[rows[i]] = attention of q[rows[i]] to the first lens[i] tokens of sequence seqs[i]
     (its blocks: block_tables[seqs[i]]). q [T, H, D] float32; pools [num_blocks, bs, Hkv, D];
     rows/seqs/lens int64 [n]. Rows of `out` not named in `rows` are left as they are.
@@ -77,9 +77,17 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=
     tree_bits[i] (int64 [n], bit j: key tree_first[i] + j); tree_first[i] = lens[i] elsewhere.
     A sliding layer's `window`: only the keys less than `window` positions behind the row's own
     (a plain row is at lens[i] - 1, a tree row at tree_first[i] + its depth, with the bits of
-    ancestors `window` or more levels up already cleared: backend.tree_bits(mask, window))."""
+    ancestors `window` or more levels up already cleared: backend.tree_bits(mask, window)).
+    `sinks` [H]: one logit per query head joining its softmax with no value (gpt-oss's attention
+    sinks, stage 01's causal_attention), any float dtype; None: none."""
     if window is not None and window < 1:
         raise ValueError(f"a sliding window covers at least the row itself, got {window}")
+    if sinks is not None:  # the C reads one float32 per query head
+        if sinks.shape != (q.shape[1],):
+            raise ValueError(f"sinks are one logit per query head: [{q.shape[1]}], got {list(sinks.shape)}")
+        # -ffast-math code assumes no infinities: -inf (no sink) becomes the lowest float, whose term is still 0
+        largest = torch.finfo(torch.float32).max
+        sinks = sinks.detach().to(device="cpu", dtype=torch.float32).clamp(-largest, largest).contiguous()
     (k_pool, k_scale), (v_pool, v_scale) = pool_parts(k_pool), pool_parts(v_pool)
     for t in (rows, seqs, lens, block_tables) + ((tree_first, tree_bits) if tree_first is not None else ()):
         if t.dtype != torch.int64:
@@ -103,7 +111,7 @@ def paged_attention_rows(q, k_pool, v_pool, block_tables, rows, seqs, lens, out=
                      KV_KINDS[k_pool.dtype], address(k_scale), address(v_scale), k_pool.shape[0],
                      rows.data_ptr(), seqs.data_ptr(), lens.data_ptr(), rows.numel(),
                      *((tree[0].data_ptr(), tree[1].data_ptr()) if tree else (None, None)), window or 0,
-                     tables.data_ptr(), tables.shape[1], q.shape[1], k_pool.shape[2], q.shape[2],
+                     address(sinks), tables.data_ptr(), tables.shape[1], q.shape[1], k_pool.shape[2], q.shape[2],
                      k_pool.shape[1], q.shape[2] ** -0.5, torch.get_num_threads())
     if bad:
         raise RuntimeError(f"{bad} rows had a block table that does not cover their length, names a "

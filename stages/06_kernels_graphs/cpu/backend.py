@@ -62,6 +62,7 @@ class CpuPagedBackend(PlannedBackend):
     name = "cpu"
     tree_masks = True   # a speculative tree's rows attend to their paths only (attention.c)
     serves_windows = True   # attention.c takes each sliding layer's window
+    takes_sinks = True      # and each layer's sinks (gpt-oss): one more term in every head's softmax
     fused_ops = CpuOps  # ops.c's norm, RoPE and SwiGLU for the per-op path
 
     def __init__(self, cache: PagedKVCache, one_call_layers: bool = True):
@@ -125,10 +126,11 @@ class CpuPagedBackend(PlannedBackend):
             return NativeRows(every, every, meta.seq_lens)
         return meta.plan
 
-    def forward(self, layer, q, k, v, meta: KernelMetadata):
+    def forward(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
         from .attention import paged_attention_rows
 
         k_pool, v_pool = self.write_kv(layer, k, v, meta)
         rows, window = self.rows(meta), self.window(layer)
         return paged_attention_rows(q, k_pool, v_pool, meta.block_tables, rows.rows, rows.seqs, rows.lens,
-                                    tree_first=rows.tree_first, tree_bits=rows.bits(window), window=window)
+                                    tree_first=rows.tree_first, tree_bits=rows.bits(window), window=window,
+                                    sinks=sinks)

@@ -298,9 +298,9 @@ void product_i8_f32(const float *x, const int8_t *q, const float *scale, float *
  * the MLP's output, the next layer's delta, to x_out (may be x itself). The rows' new K/V go
  * to their slots in the layer's pools, then every row attends (rows/seqs/lens, a tree's
  * tree_first/tree_bits and the layer's sliding window, 0 for none, as in
- * paged_attention_rows_f32). scratch holds m * (2 * hidden + qkv + heads * dim + 3 * inter)
- * floats. Returns 0, or how many rows had a bad slot or block table (nothing is written or
- * read out of bounds for them). */
+ * paged_attention_rows_f32; no sinks: the models this layer serves have none). scratch holds
+ * m * (2 * hidden + qkv + heads * dim + 3 * inter) floats. Returns 0, or how many rows had a
+ * bad slot or block table (nothing is written or read out of bounds for them). */
 int64_t decoder_layer_f32(
     int64_t m, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t dim, int64_t inter, float eps,
     const float *x, const float *residual, float *residual_out, float *x_out,
@@ -338,7 +338,7 @@ int64_t decoder_layer_f32(
     }
     if (bad) return bad;
     bad = paged_attention_rows_f32(qkv, qkv_width, attn, k_pool, v_pool, kv_kind, k_scale, v_scale, num_blocks, rows, seqs, lens, n_rows,
-                                   tree_first, tree_bits, window, block_tables, table_width, heads, kv_heads, dim, block_size,
+                                   tree_first, tree_bits, window, NULL, block_tables, table_width, heads, kv_heads, dim, block_size,
                                    1.f / sqrtf((float)dim), num_threads);
     if (bad) return bad;
 

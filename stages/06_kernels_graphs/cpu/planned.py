@@ -79,6 +79,9 @@ class PlannedTorchBackend(PlannedBackend):
         return StepPlan(groups, prefills)
 
     def forward(self, layer, q, k, v, meta: KernelMetadata, sinks=None):
+        if sinks is not None and meta.trees:  # stage 03's path below attends chunks, not trees
+            raise ValueError("a speculative tree with attention sinks: the torch backend's tree path has no sink "
+                             "term; draft chains, or use the cpu backend")
         if meta.plan is None or sinks is not None:  # (SDPA has no sink term: the torch backend's paths do)
             return super().forward(layer, q, k, v, meta, sinks=sinks)
         k_pool, v_pool = self.write_kv(layer, k, v, meta)

@@ -47,7 +47,9 @@ aligned and integers equal to 1 or divisible by 16 specialised, as Triton's laun
 torch launch; a case lists the integers it knows divisible by 16 in "attrs" (names, or
 Triton's own {(index,): [["tt.divisibility", 16]]}). The attention kernels' sliding `window`
 is the exception: a runtime int the kernels mark `do_not_specialize`, so one compile serves
-full layers (window 0) and sliding ones; every attention row here is that compile.
+full layers (window 0) and sliding ones; every attention row here is that compile. Attention
+sinks (gpt-oss) are the opposite: HAS_SINKS is a constexpr, so a kernel compiled without sinks
+holds no sink code, and one with them is a compile of its own, listed at head dim 128 (", sinks").
 
 Under the Triton interpreter (this stage switches it on when there is no CUDA) a `@triton.jit`
 function cannot be compiled, so the compiling happens in one child process started with
@@ -55,8 +57,9 @@ TRITON_INTERPRET=0, which returns every row as JSON (compile_rows()).
 
 The lesson's kernels are built here as case builders reading their wrappers' launch arguments;
 the GPU room's kernels (gpu/decode_attention.py, gpu/prefill_attention.py) bring their own
-`compile_cases(capability)`, built from the tile table their wrapper uses. A room module that
-is not there is simply left out of the report.
+`compile_cases(capability)`, built from the tile table their wrapper uses (the attention kernels,
+`sink_compile_cases(capability)` too: their compile with sinks). A room module that is not there
+is simply left out of the report.
 """
 from __future__ import annotations
 
@@ -155,6 +158,16 @@ def _pools(int8: bool) -> dict:
     return {"k_ptr": "*bf16", "v_ptr": "*bf16", "ks_ptr": "*bf16", "vs_ptr": "*bf16"}
 
 
+SINKS = ", sinks"  # the case with attention sinks (gpt-oss): one more logit per head, folded after the walk
+SINKS_SHAPE = SHAPES[-1]  # sinks compiled at head dim 128 only: the widest accumulator, where registers run out first
+
+
+def _sinks(sinks: bool) -> dict:
+    """The sink arguments as the wrappers pass them: fp32 logits [H], or without sinks q's pointer
+    (never read) and HAS_SINKS off, a constexpr: that compile holds no sink code."""
+    return {"sinks_ptr": "*fp32" if sinks else "*bf16", "HAS_SINKS": sinks}
+
+
 def _qkv_row(s: ModelShape) -> int:
     """q, k and v are strided views of the fused qkv projection's rows (fused_model.py)."""
     return (s.heads + 2 * s.kv_heads) * s.head_dim
@@ -163,17 +176,21 @@ def _qkv_row(s: ModelShape) -> int:
 def decode_cases(s: ModelShape) -> list[dict]:
     from ..decode_attention import BLOCK_N, _decode_kernel, choose_num_splits
     cases = []
-    for splits, int8 in ((1, False), (choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS), False), (1, True)):
+    split = choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS)
+    with_sinks = [(split, False, True)] if s is SINKS_SHAPE else []
+    for splits, int8, sinks in [(1, False, False), (split, False, False), (1, True, False)] + with_sinks:
         args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16",
                 "part_o_ptr": "*fp32" if splits > 1 else "*bf16", "part_lse_ptr": "*fp32" if splits > 1 else "*bf16",
-                "bt_ptr": "*i64", "seq_lens_ptr": "*i64", "scale": s.head_dim ** -0.5, "window": WINDOW,
+                "bt_ptr": "*i64", "seq_lens_ptr": "*i64", **_sinks(sinks),
+                "scale": s.head_dim ** -0.5, "window": WINDOW,
                 "stride_qb": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
                 "stride_ob": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
                 "stride_btb": TABLE_WIDTH, "stride_btw": 1, "cols_per_split": -(-TABLE_WIDTH // splits),
                 "HEAD_DIM": s.head_dim, "BLOCK_D": _pow2(s.head_dim), "GROUP": s.heads // s.kv_heads,
                 "BLOCK_G": _pow2(s.heads // s.kv_heads), "PAGE": PAGE, "NUM_SPLITS": splits, "BLOCK_N": BLOCK_N,
                 "QUANTIZED": int8}
-        cases.append(launch_case(f"{s.name}, splits {splits}{INT8_KV if int8 else ''}", _decode_kernel, args))
+        name = f"{s.name}, splits {splits}{INT8_KV if int8 else ''}{SINKS if sinks else ''}"
+        cases.append(launch_case(name, _decode_kernel, args))
     return cases
 
 
@@ -189,15 +206,17 @@ def reduce_cases(s: ModelShape) -> list[dict]:
 def prefill_cases(s: ModelShape) -> list[dict]:
     from ..prefill_attention import BLOCK_M, BLOCK_N, _varlen_paged_attn_kernel
     cases = []
-    for int8 in (False, True):
+    for int8, sinks in [(False, False), (True, False)] + ([(False, True)] if s is SINKS_SHAPE else []):
         args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16", "cu_ptr": "*i64",
-                "seq_lens_ptr": "*i64", "bt_ptr": "*i64", "scale": s.head_dim ** -0.5, "window": WINDOW,
+                "seq_lens_ptr": "*i64", "bt_ptr": "*i64", **_sinks(sinks),
+                "scale": s.head_dim ** -0.5, "window": WINDOW,
                 "stride_qt": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
                 "stride_ot": s.heads * s.head_dim, "stride_oh": s.head_dim, "stride_od": 1, **_pool_strides(s),
                 "stride_bt": TABLE_WIDTH, "HEAD_DIM": s.head_dim, "BLOCK_D": max(16, _pow2(s.head_dim)), "PAGE": PAGE,
                 "GROUP": s.heads // s.kv_heads, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "DOT_16BIT": True,
                 "QUANTIZED": int8}
-        cases.append(launch_case(s.name + (INT8_KV if int8 else ""), _varlen_paged_attn_kernel, args))
+        cases.append(launch_case(s.name + (INT8_KV if int8 else "") + (SINKS if sinks else ""),
+                                 _varlen_paged_attn_kernel, args))
     return cases
 
 
@@ -264,7 +283,8 @@ def room_cases(capability: tuple[int, int]) -> tuple[list[dict], dict[str, str]]
         if not hasattr(room, "compile_cases"):
             missing[short] = f"{module} has no compile_cases()"
             continue
-        cases += [{**case, "source": f"gpu/{short}"} for case in room.compile_cases(capability=capability)]
+        builders = [room.compile_cases] + ([room.sink_compile_cases] if hasattr(room, "sink_compile_cases") else [])
+        cases += [{**case, "source": f"gpu/{short}"} for build in builders for case in build(capability=capability)]
     return cases, missing
 
 

@@ -45,6 +45,14 @@ little with it, so what it needs is many bytes in flight. This kernel changes fo
    int (0: the whole sequence) that the launcher never specializes, so one compiled kernel
    serves full and sliding layers alike.
 
+6. Attention sinks (gpt-oss). A head's sink is one more logit in its softmax's sum, with no
+   value behind it. After its walk, a program folds it in as the online softmax folds a tile:
+   with running max m and sum l, M = max(m, sink), acc and l rescaled by 2^(m - M), and
+   l += 2^(sink - M) (the sink taken to log2 units, as the scores). Only split 0 adds it: the
+   merge sums the splits' l, each weighed by its lse, so it is counted once, and a sequence
+   with one split has it in its output at once. HAS_SINKS is a constexpr: the kernel compiled
+   without sinks holds no sink code at all.
+
 `query_start` (cu_seqlens_q) lets a mixed step run this kernel and the prefill kernel side
 by side on the same q and out. Sequence b's query row is query_start[b], and it is attended
 only if its query length is 1. Prefill chunks, verifications and padding sequences keep
@@ -67,6 +75,7 @@ import triton
 import triton.language as tl
 
 LOG2E = math.log2(math.e)
+SINK_LOG2E = tl.constexpr(LOG2E)  # the same, for a kernel (a global it reads must be a constexpr)
 HEADS_PADDED = 16  # the group's query heads padded to the narrow side of the MMA
 
 
@@ -98,11 +107,11 @@ def _request_splits(seq_len, MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr, B
 
 @triton.jit(do_not_specialize=["window"])  # a runtime int: full and sliding layers share one kernel
 def _grouped_decode_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, query_start_ptr, qk_scale, window,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
+    q_ptr, k_ptr, v_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, query_start_ptr, sinks_ptr,
+    qk_scale, window, stride_qt, stride_qh, stride_ot, stride_oh, stride_kb, stride_ks, stride_kh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, MAX_SPLITS: tl.constexpr, MIN_KEYS: tl.constexpr,
-    HAS_QUERY_START: tl.constexpr, DOT_16BIT: tl.constexpr,
+    HAS_QUERY_START: tl.constexpr, DOT_16BIT: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -164,6 +173,12 @@ def _grouped_decode_kernel(
             acc = tl.dot(tl.trans(v.to(tl.float32)), p, acc * alpha[None, :], input_precision="ieee")
         m_i = m_new
 
+    if HAS_SINKS:  # each head's sink: one more term in its sum, with no value
+        if split == 0:  # counted once: the merge adds the splits' sums, each weighed by its lse
+            sink = tl.load(sinks_ptr + heads, mask=h_ok, other=0.) * SINK_LOG2E  # in log2 units, as the scores
+            m_new = tl.maximum(m_i, sink)  # finite, even for a sequence of length 0
+            alpha = tl.math.exp2(m_i - m_new)
+            acc, l_i, m_i = acc * alpha[None, :], l_i * alpha + tl.math.exp2(sink - m_new), m_new
     acc = acc / tl.where(l_i > 0., l_i, 1.)[None, :]  # length 0: zeros, never 0 / 0
     out_mask = d_ok[:, None] & h_ok[None, :]
     if num_splits == 1:  # the whole sequence in one program: straight to out, no merge
@@ -244,7 +259,8 @@ def _capability(device: torch.device) -> tuple[int, int] | None:
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query_start=None, scale=None,
-                           max_splits=1, out=None, window: int | None = None) -> torch.Tensor:
+                           max_splits=1, out=None, window: int | None = None,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Each sequence's one query over its seq_lens[b] keys in the paged pool.
 
     q [T, H, D]; k/v_cache [num_blocks, page, Hkv, D] contiguous; block_tables [B, W] (int32 or
@@ -254,13 +270,15 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
     written into `out` if given. max_splits: the most splits any sequence may get (grid size);
     each sequence takes as many as its own length needs. window: a sliding layer's window, the
     query sees its sequence's last `window` keys only, and only they are read and split (None:
-    every key)."""
+    every key). sinks: gpt-oss's [H] logits, one per query head (any float dtype), each one more
+    term in its head's softmax with no value (None: none)."""
     T, H, D = q.shape
     B = seq_lens.shape[0]
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and max_splits >= 1
     assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert query_start is not None or T == B
+    assert sinks is None or sinks.shape == (H,), f"one sink per query head ({H}), not {tuple(sinks.shape)}"
     if scale is None:
         scale = D ** -0.5
     if out is None:
@@ -285,15 +303,17 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, *, query
         part_o = part_lse = dest  # unused: every sequence is a single split
     has_query_start = query_start is not None
     query_start = query_start if has_query_start else seq_lens  # a placeholder pointer
+    has_sinks = sinks is not None
+    sinks = sinks.float().contiguous() if has_sinks else seq_lens  # fp32 (a parameter's own if it is fp32)
     _grouped_decode_kernel[(B, hkv, max_splits)](
-        q, k_cache, v_cache, dest, part_o, part_lse, block_tables, seq_lens, query_start,
+        q, k_cache, v_cache, dest, part_o, part_lse, block_tables, seq_lens, query_start, sinks,
         float(scale) * LOG2E, window or 0,
         q.stride(0), q.stride(1), dest.stride(0), dest.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_H=_heads_tile(group),
         PAGE=page, BLOCK_N=tiles.block_n,
         MAX_SPLITS=max_splits, MIN_KEYS=tiles.min_keys_per_split, HAS_QUERY_START=has_query_start,
-        DOT_16BIT=dot_16bit, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        DOT_16BIT=dot_16bit, HAS_SINKS=has_sinks, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     if max_splits > 1:
         _merge_splits_kernel[(B, H)](
@@ -327,11 +347,14 @@ def choose_max_splits(batch: int, num_kv_heads: int, max_blocks: int, num_sms: i
     return max(1, min(target // programs, max_blocks, MAX_SPLITS))
 
 
-def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
+def compile_cases(capability: tuple[int, int] = (9, 0), sinks: bool = False) -> list[dict]:
     """The decode kernels at the shapes the stage launches, for the sm_90 compile report:
     bf16 pools of 16-token pages and int64 tables (the engine's), SmolLM2-135M (9 heads over 3),
     Llama-3.2-1B (32 over 8) and a head-dim-128 model, with max_splits 1 (no merge) and with the
     splits one sequence gets from a graph's 128-column table (attention and merge kernels).
+    sinks: instead, the attention kernel with attention sinks (HAS_SINKS, a constexpr: a compile
+    of its own), split, at head dim 128 where registers run out first; the merge is the same
+    kernel with or without them.
     `window` is a plain i32 in every case: the launcher never specializes it, so this one
     compile is what runs for full layers (0) and sliding ones alike.
     Each dict: name, kernel, signature, constexprs, num_warps, num_stages, and attrs: the
@@ -341,28 +364,32 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
     cp.async, and at head dim 128 spills registers."""
     page, table_width = 16, 128
     pointers = ["q_ptr", "k_ptr", "v_ptr", "o_ptr", "part_o_ptr", "part_lse_ptr", "bt_ptr", "seq_lens_ptr",
-                "query_start_ptr"]
+                "query_start_ptr", "sinks_ptr"]
     strides = ["stride_qt", "stride_qh", "stride_ot", "stride_oh", "stride_kb", "stride_ks", "stride_kh", "stride_bt"]
     cases = []
     for model, heads, kv_heads, head_dim in (("smollm2-135m", 9, 3, 64), ("llama-3.2-1b", 32, 8, 64),
                                              ("d128", 32, 8, 128)):
+        if sinks and head_dim != 128:
+            continue
         tiles = decode_tiles(capability, head_dim, torch.bfloat16)
         block_d = max(16, triton.next_power_of_2(head_dim))
-        for max_splits in (1, choose_max_splits(1, kv_heads, table_width)):
+        split = choose_max_splits(1, kv_heads, table_width)
+        for max_splits in (split,) if sinks else (1, split):
             attention = {
                 "HEAD_DIM": head_dim, "BLOCK_D": block_d, "GROUP": heads // kv_heads,
                 "BLOCK_H": _heads_tile(heads // kv_heads),
                 "PAGE": page, "BLOCK_N": tiles.block_n, "MAX_SPLITS": max_splits,
-                "MIN_KEYS": tiles.min_keys_per_split, "HAS_QUERY_START": True, "DOT_16BIT": True,
+                "MIN_KEYS": tiles.min_keys_per_split, "HAS_QUERY_START": True, "DOT_16BIT": True, "HAS_SINKS": sinks,
             }
             signature = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16",
                          "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "bt_ptr": "*i64", "seq_lens_ptr": "*i64",
-                         "query_start_ptr": "*i64", "qk_scale": "fp32", "window": "i32"}
+                         "query_start_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64",  # unread without sinks
+                         "qk_scale": "fp32", "window": "i32"}
             signature |= {name: "i32" for name in strides} | {name: "constexpr" for name in attention}
-            cases.append({"name": f"decode {model} splits={max_splits}", "kernel": _grouped_decode_kernel,
-                          "signature": signature, "constexprs": attention, "num_warps": tiles.num_warps,
-                          "num_stages": tiles.num_stages, "attrs": pointers + strides})
-            if max_splits == 1:
+            cases.append({"name": f"decode {model} splits={max_splits}{' sinks' if sinks else ''}",
+                          "kernel": _grouped_decode_kernel, "signature": signature, "constexprs": attention,
+                          "num_warps": tiles.num_warps, "num_stages": tiles.num_stages, "attrs": pointers + strides})
+            if max_splits == 1 or sinks:
                 continue
             merge = {"HEAD_DIM": head_dim, "BLOCK_D": block_d, "MAX_SPLITS": max_splits,
                      "BLOCK_S": triton.next_power_of_2(max_splits), "MIN_KEYS": tiles.min_keys_per_split,
@@ -374,3 +401,8 @@ def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
                           "signature": signature, "constexprs": merge, "num_warps": 4, "num_stages": 1,
                           "attrs": [name for name in signature if name not in merge and name != "window"]})
     return cases
+
+
+def sink_compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
+    """The decode kernel with attention sinks, for the compile report (compile_cases(sinks=True))."""
+    return compile_cases(capability, sinks=True)

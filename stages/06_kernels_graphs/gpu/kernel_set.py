@@ -5,7 +5,8 @@ on the same q and out: the prefill kernel on the chunks (their own keys from the
 projection, `skip_decodes`), the decode kernel on the single-token rows (`query_start`), each
 with a grid that depends on shapes alone, so any step can be captured. MoE layers take the
 fused MoE kernel, eager or captured; RoPE and the KV write share one launch (rotary_kv_write.py).
-Both attention kernels take the layer's sliding window (None: full attention).
+Both attention kernels take the layer's sliding window (None: full attention) and its attention
+sinks (gpt-oss's [H] logits; None: none).
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ class GpuKernels:
     scaled_kv = False  # pools of the model's dtype only (int8 KV: the lesson's set)
 
     @staticmethod
-    def attend(q, k, v, k_pool, v_pool, meta, out, window=None) -> torch.Tensor:
+    def attend(q, k, v, k_pool, v_pool, meta, out, window=None, sinks=None) -> torch.Tensor:
         if meta.is_decode:
             return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
-                                          max_splits=meta.num_splits, out=out, window=window)
+                                          max_splits=meta.num_splits, out=out, window=window, sinks=sinks)
         varlen_attention(q, k, v, k_pool, v_pool, meta.cu_seqlens_q, meta.seq_lens, meta.block_tables,
-                         out=out, skip_decodes=True, window=window)
+                         out=out, skip_decodes=True, window=window, sinks=sinks)
         return paged_decode_attention(q, k_pool, v_pool, meta.block_tables, meta.seq_lens,
                                       query_start=meta.cu_seqlens_q, max_splits=meta.num_splits, out=out,
-                                      window=window)
+                                      window=window, sinks=sinks)

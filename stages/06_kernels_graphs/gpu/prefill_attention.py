@@ -3,7 +3,7 @@ depends only on shapes.
 
 The lesson's kernel (../prefill_attention.py) has the right algorithm: a program owns a tile
 of queries and walks the keys with an online softmax. A GPU needs four more things from it
-(and a fifth, sliding windows, comes at the end).
+(a fifth and a sixth, sliding windows and attention sinks, come at the end).
 
 1. Tensor cores, fed with 16-bit tiles of the right size. Hopper's wgmma multiplies 64 query
    rows per warpgroup, so a query tile is 64-128 rows (the lesson's 16 rows leave them idle).
@@ -44,6 +44,12 @@ of queries and walks the keys with an online softmax. A GPU needs four more thin
    diagonal is inside every row's window and runs unmasked, as before. `window` is a runtime
    int (0: no window) the launcher never specializes, so full and sliding layers share one
    compiled kernel; without a window the edge's loops are empty.
+6. Attention sinks (gpt-oss). Head h's sink is one more logit in each of its rows' softmax
+   sums, with no value behind it. After the walk the program folds it in as the online softmax
+   folds a tile: M = max(m, sink), acc and l rescaled by 2^(m - M), l += 2^(sink - M) (the
+   sink in log2 units, as the scores). A row that saw no key (m still at the floor) gets
+   acc = 0 and l = 1: zeros, never NaN. HAS_SINKS is a constexpr: the kernel compiled without
+   sinks holds no sink code at all.
 
 The exponentials are exp2, with log2(e) folded into the scale on the host: one multiply per
 score instead of the multiply inside exp. Tile sizes come from a small table keyed by compute
@@ -62,6 +68,7 @@ import triton
 import triton.language as tl
 
 LOG2E = math.log2(math.e)
+SINK_LOG2E = tl.constexpr(LOG2E)  # the same, for a kernel (a global it reads must be a constexpr)
 
 
 @dataclass(frozen=True)
@@ -166,12 +173,12 @@ M_FLOOR = tl.constexpr(-1.0e30)
 @triton.jit(do_not_specialize=["window"])  # one compiled kernel for full (0) and sliding layers
 def _varlen_attention_kernel(
     q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, o_ptr,
-    cu_ptr, seq_lens_ptr, bt_ptr, qk_scale, window, num_seqs,
+    cu_ptr, seq_lens_ptr, bt_ptr, sinks_ptr, qk_scale, window, num_seqs,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     stride_cb, stride_cs, stride_ch, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_16BIT: tl.constexpr, SKIP_DECODES: tl.constexpr,
+    DOT_16BIT: tl.constexpr, SKIP_DECODES: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     # Reversed: the highest tile numbers are the last tiles of the last sequence, the heaviest.
     work_id = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -269,6 +276,11 @@ def _varlen_attention_kernel(
         visible = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] >= first[:, None]) & n_ok[None, :]
         acc, m_i, l_i = _online_softmax_step(acc, m_i, l_i, q, k, v, visible, qk_scale, True, DOT_16BIT)
 
+    if HAS_SINKS:  # the head's sink: one more term in every row's sum, with no value
+        sink = tl.load(sinks_ptr + h) * SINK_LOG2E  # in log2 units, as the scores
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.math.exp2(m_i - m_new)  # 0 for a row still at M_FLOOR
+        acc, l_i = acc * alpha[:, None], l_i * alpha + tl.math.exp2(sink - m_new)
     # A real row sees at least itself; a row past the chunk, in a sliding layer, may see no key.
     acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
     out_ptrs = o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :]
@@ -287,7 +299,8 @@ def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
 
 
 def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, *,
-                     scale=None, out=None, skip_decodes=False, window: int | None = None) -> torch.Tensor:
+                     scale=None, out=None, skip_decodes=False, window: int | None = None,
+                     sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] for a ragged batch of chunks. Sequence b's queries are
     rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its last positions; its keys are the cached prefix
     (seq_lens[b] - query length of them) in the pool k_cache, v_cache [num_blocks, page, Hkv, D]
@@ -295,13 +308,16 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     query length 0 (padding), rows past cu_seqlens_q[B] and, with skip_decodes, sequences of
     query length 1 are left untouched. window: a sliding layer's window, each query sees its
     last `window` positions only and keys before every query's window are never read (None:
-    its whole past). Returns [T, H, D] in q's dtype, into `out` if given.
+    its whole past). sinks: gpt-oss's [H] logits, one per query head (any float dtype), each one
+    more term in its head's softmax with no value (None: none). Returns [T, H, D] in q's dtype,
+    into `out` if given.
     Only shapes reach the host, so the call can be captured in a CUDA graph."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k.shape == v.shape == (T, hkv, D)
     assert window is None or window >= 1, f"a window holds at least the query itself, not {window}"
     assert k_cache.is_contiguous() and v_cache.is_contiguous() and block_tables.stride(1) == 1
+    assert sinks is None or sinks.shape == (H,), f"one sink per query head ({H}), not {tuple(sinks.shape)}"
     if scale is None:
         scale = D ** -0.5
     if out is None:
@@ -314,12 +330,16 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
     block_d = max(16, triton.next_power_of_2(D))  # tl.dot wants dims >= 16; a power of two for arange
     tiles = prefill_tiles(_capability(q), block_d, q.dtype)
     grid = (triton.cdiv(T, tiles.block_m) + batch, H)
+    has_sinks = sinks is not None
+    sinks = sinks.float().contiguous() if has_sinks else seq_lens  # fp32 (a parameter's own if it is fp32)
     _varlen_attention_kernel[grid](
-        q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, float(scale) * LOG2E, window or 0, batch,
+        q, k, v, k_cache, v_cache, out, cu_seqlens_q, seq_lens, block_tables, sinks, float(scale) * LOG2E,
+        window or 0, batch,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         HEAD_DIM=D, BLOCK_D=block_d, PAGE=page, GROUP=H // hkv, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
         DOT_16BIT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16), SKIP_DECODES=skip_decodes,
+        HAS_SINKS=has_sinks,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
     return out
@@ -329,28 +349,37 @@ def varlen_attention(q, k, v, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
 COMPILE_SHAPES = [("smollm2-135m", 9, 3, 64), ("llama-3.2-1b", 32, 8, 64), ("head-dim-128", 32, 8, 128)]
 
 
-def compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
+def compile_cases(capability: tuple[int, int] = (9, 0), sinks: bool = False) -> list[dict]:
     """The kernel at the stage's shapes, with the tiles varlen_attention picks on `capability`,
     for triton.compile (see gpu/compile_report.py). 'attrs' marks the arguments the launcher
     specializes as divisible by 16 (pointers and strides of aligned, contiguous tensors), so
     the compile sees what a real launch sees. `window` is a plain i32, never specialized by the
-    launcher: this one compile serves full layers (0) and sliding ones."""
+    launcher: this one compile serves full layers (0) and sliding ones. sinks: instead, the kernel
+    with attention sinks (HAS_SINKS, a constexpr: a compile of its own) at head dim 128, where
+    registers run out first."""
     pointers = ["q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "o_ptr"]
     strides = ["stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
                "stride_oh", "stride_cb", "stride_cs", "stride_ch"]
     arg_names = _varlen_attention_kernel.arg_names
     cases = []
-    for name, heads, kv_heads, head_dim in COMPILE_SHAPES:
+    for name, heads, kv_heads, head_dim in COMPILE_SHAPES[-1:] if sinks else COMPILE_SHAPES:
         tiles = prefill_tiles(capability, head_dim, torch.bfloat16)
         constexprs = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim, PAGE=16, GROUP=heads // kv_heads, BLOCK_M=tiles.block_m,
-                          BLOCK_N=tiles.block_n, DOT_16BIT=True, SKIP_DECODES=True)
+                          BLOCK_N=tiles.block_n, DOT_16BIT=True, SKIP_DECODES=True, HAS_SINKS=sinks)
         signature = {**{p: "*bf16" for p in pointers}, "cu_ptr": "*i64", "seq_lens_ptr": "*i64",
-                     "bt_ptr": "*i64", "qk_scale": "fp32", "window": "i32", "num_seqs": "i32",
+                     "bt_ptr": "*i64", "sinks_ptr": "*fp32" if sinks else "*i64",  # unread without sinks
+                     "qk_scale": "fp32", "window": "i32", "num_seqs": "i32",
                      **{s: "i32" for s in strides}, "stride_bt": "i32", **{c: "constexpr" for c in constexprs}}
-        aligned = pointers + ["cu_ptr", "seq_lens_ptr", "bt_ptr"] + strides
+        aligned = pointers + ["cu_ptr", "seq_lens_ptr", "bt_ptr", "sinks_ptr"] + strides
         cases.append(dict(
-            name=f"varlen_attention[{name} H{heads}/{kv_heads} D{head_dim}]", kernel=_varlen_attention_kernel,
+            name=f"varlen_attention[{name} H{heads}/{kv_heads} D{head_dim}{', sinks' if sinks else ''}]",
+            kernel=_varlen_attention_kernel,
             signature={a: signature[a] for a in arg_names}, constexprs=constexprs,
             attrs={(arg_names.index(a),): [["tt.divisibility", 16]] for a in aligned},
             num_warps=tiles.num_warps, num_stages=tiles.num_stages))
     return cases
+
+
+def sink_compile_cases(capability: tuple[int, int] = (9, 0)) -> list[dict]:
+    """The kernel with attention sinks, for the compile report (compile_cases(sinks=True))."""
+    return compile_cases(capability, sinks=True)

@@ -1,6 +1,5 @@
-"""Models beyond full attention through stage 06's engine, on every backend that serves them:
-greedy ids equal stage 01's whole recompute (which equals transformers) for prompts longer than
-the windows; a backend without what a model needs (sinks) refuses it by name."""
+"""Models beyond full attention through stage 06's engine, on every backend: greedy ids equal
+stage 01's whole recompute (which equals transformers) for prompts longer than the windows."""
 import importlib
 
 import pytest
@@ -43,7 +42,8 @@ def served(model, byte_tok, **options):
 
 
 RUNS = [("gemma3_text", "torch", {}), ("gemma3_text", "cpu", {}), ("gemma3_text", "triton", {}),
-        ("gpt_oss", "torch", {}), ("qwen3_next", "torch", {}), ("qwen3_next", "cpu", {}),
+        ("gpt_oss", "torch", {}), ("gpt_oss", "cpu", {}), ("gpt_oss", "triton", {}),
+        ("qwen3_next", "torch", {}), ("qwen3_next", "cpu", {}),
         ("windowed", "torch", {"cuda_graphs": True}), ("windowed", "cpu", {"fused": True})]
 
 
@@ -54,7 +54,19 @@ def test_families_every_backend_gives_stage01_greedy_ids(byte_tok, name, backend
     assert served(model, byte_tok, attention_backend=backend, **options) == want
 
 
-@pytest.mark.parametrize("backend", ["cpu", "triton"])
-def test_families_a_backend_without_sinks_refuses_gpt_oss_by_name(byte_tok, backend):
-    with pytest.raises(ValueError, match="sinks"):
-        served(family_model("gpt_oss"), byte_tok, attention_backend=backend)
+def test_families_the_torch_backend_refuses_a_tree_with_sinks():
+    """Its tree path (SDPA) has no sink term, and stage 03's path does not see trees: refused."""
+    from course.s03_paged.paged_attention import PagedKVCache
+    from course.s06_kernels_graphs.backend_base import KernelMetadata
+    from course.s06_kernels_graphs.engine import BACKENDS
+
+    model = family_model("gpt_oss")
+    backend = BACKENDS["torch"](PagedKVCache(model.config, 8, 4))
+    zeros = torch.zeros(3, dtype=torch.long)
+    meta = KernelMetadata(positions=zeros, cu_seqlens_q=torch.tensor([0, 3]), seq_lens=torch.tensor([3]),
+                          slot_mapping=zeros, block_tables=torch.zeros(1, 1, dtype=torch.long), plan=object(),
+                          trees={0: torch.ones(3, 3, dtype=torch.bool).tril()})
+    q = torch.zeros(3, model.config.num_attention_heads, model.config.head_dim)
+    kv = torch.zeros(3, model.config.num_key_value_heads, model.config.head_dim)
+    with pytest.raises(ValueError, match="tree with attention sinks"):
+        backend.forward(0, q, kv, kv, meta, sinks=torch.zeros(model.config.num_attention_heads))

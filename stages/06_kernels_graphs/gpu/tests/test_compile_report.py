@@ -144,3 +144,14 @@ def test_attention_kernels_compile_the_window_as_one_runtime_int():
     assert "_reduce_kernel" not in kernels  # the lesson's merge needs no window: an empty split's lse is -inf
     bad = [" ".join(r) for r in rows if r[1:] != ["i32", "True", "False"]]
     assert not bad, bad
+
+
+def test_every_attention_kernel_compiles_with_sinks(report):
+    """Attention sinks are a constexpr (HAS_SINKS), so a kernel with them is a compile of its own:
+    each attention kernel has one at head dim 128 (where registers run out first), and it compiles
+    without spills like the rest."""
+    rows = [r for r in report["rows"] if r["case"].rstrip("]").endswith("sinks")]
+    room = {"decode_attention": "_grouped_decode_kernel", "prefill_attention": "_varlen_attention_kernel"}
+    want = {"_decode_kernel", "_varlen_paged_attn_kernel"}
+    assert {r["kernel"] for r in rows} == want | {k for m, k in room.items() if m not in report["rooms_missing"]}
+    assert all("error" not in r and "128" in r["case"] and not (r["spill_stores"] or r["spill_loads"]) for r in rows)
