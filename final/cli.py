@@ -12,7 +12,6 @@ from functools import partial
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import human
 from course.s03_paged.quantized_kv import KV_CACHE_DTYPES, pool_bytes_per_token, storage_dtype
-from course.s04_continuous_batching.hybrid.engine import HybridStates
 from course.s04_continuous_batching.hybrid.states import linear_layers, state_bytes
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
@@ -28,7 +27,7 @@ from .launch.kernel_options import add_kernel_args, graph_options, kernel_option
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.heap import freeze_startup_heap
 from .launch.kv_pool import describe_windows, num_kv_blocks, parse_size
-from .launch.model_fit import fit_options
+from .launch.model_fit import engine_class, fit_options
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
 from .speculation.trees import TreeDrafting
@@ -127,12 +126,11 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
                                     kv_cache_dtype=args.kv_cache_dtype,
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                     record_steps=False, **graph_options(args, blocks), **fitted)
-        engine_class = Engine
         if linear_layers(loaded.model.config):  # a hybrid model: its linear layers' states (stage 04's hybrid/)
-            engine_class = type("HybridEngine", (HybridStates, Engine), {})
             print(f"state cache: {human(state_bytes(loaded.model.config))} of recurrent state a sequence, "
                   f"snapshots every {args.block_size} tokens for prefix caching", file=sys.stderr)
-        llm = engine_class(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids, speculative, policy=policy)
+        llm = engine_class(loaded.model, Engine)(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids,
+                                                 speculative, policy=policy)
         if speculative.method != "none" and args.speculative_policy == "cost":
             llm.draft_policy = CostModelPolicy()
         if args.speculative_tree:

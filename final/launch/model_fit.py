@@ -35,3 +35,10 @@ def fit_options(options: dict, args, model) -> tuple[dict, list[str]]:
         drop("cuda_graphs", "--cuda-graphs", False, why)
         drop("overlap", "--overlap", False, why)
     return options, notes
+
+
+def engine_class(model, base: type) -> type:
+    """`base` (final's Engine), or for a hybrid model `base` with stage 04's state cache mixed in."""
+    from course.s04_continuous_batching.hybrid.engine import HybridStates
+
+    return type(f"Hybrid{base.__name__}", (HybridStates, base), {}) if linear_layers(model.config) else base

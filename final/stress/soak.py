@@ -41,6 +41,7 @@ from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 from ..async_engine import AsyncEngine
 from ..engine import Engine
+from ..launch.model_fit import engine_class
 from ..metrics import ServerMetrics
 from .soak_client import Answer, Job, check_complete, compare, plan, send
 from ..testing import CHAT_TEMPLATE, live_server, metric
@@ -216,7 +217,8 @@ def own_server(model: str | None = None, kv_blocks: int = 24, block_size: int | 
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if model is None else threads)
     try:
-        with live_server(AsyncEngine(Engine(net, tok, config, eos), ServerMetrics(name)), tok, name) as url:
+        engine = engine_class(net, Engine)(net, tok, config, eos)  # a hybrid model: with its state cache
+        with live_server(AsyncEngine(engine, ServerMetrics(name)), tok, name) as url:
             yield url
     finally:
         torch.set_num_threads(threads)
