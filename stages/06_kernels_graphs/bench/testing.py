@@ -67,22 +67,65 @@ def make_paged_case(seq_lens: list[int], query_lens: list[int], *, num_heads: in
                      query_lens=list(query_lens))
 
 
-def reference_attention(case: PagedCase, scale: float | None = None) -> torch.Tensor:
+def sequence_kv(case: PagedCase, b: int) -> list[torch.Tensor]:
+    """Sequence b's keys and values gathered back into order, float32 [total, Hkv, D] each."""
+    total, bs = case.seq_lens[b].item(), case.k_cache.shape[1]
+    blocks = case.block_tables[b, : -(-total // bs)].long()
+    return [pool[blocks].flatten(0, 1)[:total].float() for pool in (case.k_cache, case.v_cache)]
+
+
+def reference_attention(case: PagedCase, scale: float | None = None, window: int | None = None,
+                        sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Stage 03's way: gather each sequence's blocks back into order, then stage 01's causal
-    attention, in float32. Returns [T, H, D] float32."""
-    bs = case.k_cache.shape[1]
+    attention (with a sliding layer's `window` and gpt-oss's `sinks` [H]), in float32.
+    Returns [T, H, D] float32."""
     d = case.q.shape[-1]
     out = torch.empty(case.q.shape, dtype=torch.float32)
     for b, total in enumerate(case.seq_lens.tolist()):
-        blocks = case.block_tables[b, : -(-total // bs)].long()
-        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
-        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
+        k, v = sequence_kv(case, b)
         start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
         q = case.q[start:end].float()
         if scale is not None:  # causal_attention scales by d**-0.5; fold any other scale into q
             q = q * (scale * d ** 0.5)
-        out[start:end] = causal_attention(q, k, v, q_start=total - (end - start))
+        out[start:end] = causal_attention(q, k, v, q_start=total - (end - start), window=window,
+                                          sinks=None if sinks is None else sinks.float())
     return out
+
+
+def kernel_rows(case: PagedCase) -> list[torch.Tensor]:
+    """Each query row of the case as a CPU-kernel row (cpu/attention.py): (rows, seqs, lens), its
+    sequence, and the tokens up to its own."""
+    rows, seqs, lens = [], [], []
+    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
+        start = case.cu_seqlens_q[b].item()
+        rows += range(start, start + new)
+        seqs += [b] * new
+        lens += range(total - new + 1, total + 1)
+    return [torch.tensor(x, dtype=torch.long) for x in (rows, seqs, lens)]
+
+
+def poison_before_window(case: PagedCase, window: int | None, tile: int = 16) -> int:
+    """NaN in every key and value more than `tile` keys before the first query's window (a kernel
+    that walks from the window on whole tiles may load up to tile - 1 keys before it, never
+    these); nothing without a window. Returns how many slots were poisoned."""
+    bs, poisoned = case.k_cache.shape[1], 0
+    for b, total in enumerate(case.seq_lens.tolist()):
+        for pos in range(max(0, total - case.query_lens[b] - (window or total) + 1 - tile)):
+            block, offset = case.block_tables[b, pos // bs].item(), pos % bs
+            case.k_cache[block, offset] = float("nan")
+            case.v_cache[block, offset] = float("nan")
+            poisoned += 1
+    return poisoned
+
+
+def fresh_kv(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's own k, v [T, Hkv, D], read from their pool slots (before any poisoning)."""
+    page = case.k_cache.shape[1]
+    slots = [case.block_tables[b, p // page].item() * page + p % page
+             for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens))
+             for p in range(total - new, total)]
+    slots = torch.tensor(slots, dtype=torch.long)
+    return case.k_cache.flatten(0, 1)[slots].clone(), case.v_cache.flatten(0, 1)[slots].clone()
 
 
 def nan_like(x: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from course.s01_decode_loop.families.gpt_oss import GptOssMLP
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS
 from course.s06_kernels_graphs import gpu, mixed_graphs
-from course.s06_kernels_graphs.bench.testing import make_paged_case, nan_like, stored_case
+from course.s06_kernels_graphs.bench.testing import (make_paged_case, nan_like, poison_before_window,
+    reference_attention, stored_case)
 from course.s06_kernels_graphs.decode_attention import paged_decode_attention
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
@@ -39,31 +40,6 @@ DECODE_LENS = [0, 1, 5, 17, 33, 70]  # 0: a sequence with no key, whose output i
 CHUNKS = ([21, 9, 33, 4, 60], [6, 1, 1, 4, 40])  # seq_lens, query_lens: chunks over prefixes, decodes, a prompt
 
 
-def reference(case, window: int | None, sinks: torch.Tensor) -> torch.Tensor:
-    """Each sequence's keys gathered back into order, then stage 01's causal attention with the
-    window and the sinks: [T, H, D] float32."""
-    bs = case.k_cache.shape[1]
-    out = torch.empty(case.q.shape, dtype=torch.float32)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        blocks = case.block_tables[b, : -(-total // bs)].long()
-        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
-        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end].float(), k, v, q_start=total - (end - start),
-                                          window=window, sinks=sinks)
-    return out
-
-
-def poison_before_window(case, window: int | None, tile: int = 16) -> None:
-    """NaN in every key and value more than a tile before the first query's window: a kernel that
-    walks from the window never loads them, and a sink must not make it start earlier."""
-    bs = case.k_cache.shape[1]
-    for b, total in enumerate(case.seq_lens.tolist()):
-        for pos in range(max(0, total - case.query_lens[b] - (window or 10**9) + 1 - tile)):
-            case.k_cache[case.block_tables[b, pos // bs], pos % bs] = float("nan")
-            case.v_cache[case.block_tables[b, pos // bs], pos % bs] = float("nan")
-
-
 def _decode(case, **kw):
     return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                                   out=nan_like(case.q), **kw)
@@ -79,12 +55,12 @@ def _varlen(case, **kw):
 def test_decode_kernel_with_sinks_equals_causal_attention(sinks, window):
     case = make_paged_case(DECODE_LENS, [1] * len(DECODE_LENS), num_heads=6, num_kv_heads=2, head_dim=16,
                            block_size=4, seed=len(sinks) + (window or 0))
-    want = reference(case, window, SINKS[sinks])
+    want = reference_attention(case, window=window, sinks=SINKS[sinks])
     poison_before_window(case, window)
     got = _decode(case, window=window, sinks=SINKS[sinks])
     assert torch.isfinite(got).all() and (got[0] == 0).all()  # the empty sequence: the sink's weight, no value
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(got, reference(case, window, None), atol=1e-3)  # the sinks did change it
+    assert not torch.allclose(got, reference_attention(case, window=window), atol=1e-3)  # the sinks did change it
 
 
 @pytest.mark.parametrize("window", [None, 3])
@@ -95,7 +71,7 @@ def test_split_k_counts_each_sink_once(window):
     case = make_paged_case(DECODE_LENS, [1] * len(DECODE_LENS), num_heads=6, num_kv_heads=2, head_dim=16,
                            block_size=4, seed=7)
     sinks = SINKS["mixed"]
-    want = reference(case, window, sinks)
+    want = reference_attention(case, window=window, sinks=sinks)
     for splits in (1, 2, 3, 8):
         torch.testing.assert_close(_decode(case, num_splits=splits, window=window, sinks=sinks), want,
                                    atol=1e-5, rtol=1e-5, msg=f"{splits} splits")
@@ -106,7 +82,7 @@ def test_split_k_counts_each_sink_once(window):
 def test_varlen_kernel_with_sinks_equals_causal_attention(sinks, window):
     case = make_paged_case(*CHUNKS, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
                            seed=len(sinks) + (window or 0))
-    want = reference(case, window, SINKS[sinks])
+    want = reference_attention(case, window=window, sinks=SINKS[sinks])
     poison_before_window(case, window)
     got = _varlen(case, window=window, sinks=SINKS[sinks])
     assert torch.isfinite(got).all()
@@ -120,15 +96,15 @@ def test_sinks_of_any_float_dtype_and_an_int8_pool():
     decode = make_paged_case(DECODE_LENS, [1] * len(DECODE_LENS), num_heads=6, num_kv_heads=2, head_dim=16,
                              block_size=4, seed=3)
     chunks = make_paged_case(*CHUNKS, num_heads=6, num_kv_heads=2, head_dim=16, block_size=4, seed=3)
-    torch.testing.assert_close(_decode(decode, num_splits=3, sinks=sinks), reference(decode, None, sinks.float()),
+    torch.testing.assert_close(_decode(decode, num_splits=3, sinks=sinks), reference_attention(decode, sinks=sinks),
                                atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(_varlen(chunks, window=6, sinks=sinks), reference(chunks, 6, sinks.float()),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_varlen(chunks, window=6, sinks=sinks),
+                               reference_attention(chunks, window=6, sinks=sinks), atol=1e-5, rtol=1e-5)
     k_pool, v_pool, dequantized = stored_case(decode, torch.int8)
     got = paged_decode_attention(decode.q, k_pool.codes, v_pool.codes, decode.block_tables, decode.seq_lens,
                                  num_splits=3, out=nan_like(decode.q), k_scale=k_pool.scales, v_scale=v_pool.scales,
                                  window=3, sinks=sinks)
-    torch.testing.assert_close(got, reference(dequantized, 3, sinks.float()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference_attention(dequantized, window=3, sinks=sinks), atol=1e-5, rtol=1e-5)
     with pytest.raises(RuntimeError):  # one sink per query head
         _decode(decode, sinks=sinks[:4])
 

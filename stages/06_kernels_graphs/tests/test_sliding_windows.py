@@ -12,12 +12,12 @@ import dataclasses
 import pytest
 import torch
 
-from course.s01_decode_loop.attention import causal_attention
 from course.s01_decode_loop.model import CausalLM, init_random_weights
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS
 from course.s06_kernels_graphs import gpu, int8_kv, mixed_graphs
-from course.s06_kernels_graphs.bench.testing import make_paged_case, nan_like, stored_case
+from course.s06_kernels_graphs.bench.testing import (make_paged_case, nan_like, poison_before_window,
+    reference_attention, stored_case)
 from course.s06_kernels_graphs.decode_attention import BLOCK_N as DECODE_TILE
 from course.s06_kernels_graphs.decode_attention import paged_decode_attention
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
@@ -35,37 +35,6 @@ WINDOWS = [1, 3, 6, 21, 200]
 DECODE_LENS = [1, 5, 17, 33, 70]
 CHUNKS = ([21, 9, 33, 4, 60], [6, 1, 1, 4, 40])  # seq_lens, query_lens: a chunk after a prefix,
 # decodes, a whole prompt, a 40-token chunk over 20 cached tokens (three query tiles)
-
-
-def windowed_reference(case, window: int | None) -> torch.Tensor:
-    """Each sequence's keys gathered back into order, then stage 01's causal attention with the
-    window: [T, H, D] float32."""
-    bs = case.k_cache.shape[1]
-    out = torch.empty(case.q.shape, dtype=torch.float32)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        blocks = case.block_tables[b, : -(-total // bs)].long()
-        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
-        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end].float(), k, v, q_start=total - (end - start),
-                                          window=window)
-    return out
-
-
-def poison_before_window(case, window: int, tile: int) -> int:
-    """NaN in every key and value a kernel walking from the window has no reason to load: those
-    more than a tile before the first query's window (a tile may start up to tile - 1 keys
-    before it, to stay aligned). Returns how many slots were poisoned."""
-    bs = case.k_cache.shape[1]
-    poisoned = 0
-    for b, total in enumerate(case.seq_lens.tolist()):
-        first_query = total - case.query_lens[b]
-        for pos in range(max(0, first_query - window + 1 - tile)):
-            block, offset = case.block_tables[b, pos // bs].item(), pos % bs
-            case.k_cache[block, offset] = float("nan")
-            case.v_cache[block, offset] = float("nan")
-            poisoned += 1
-    return poisoned
 
 
 def _decode_case(block_size=4, **kw):
@@ -88,7 +57,7 @@ def _varlen(case, **kw):
 @pytest.mark.parametrize("window", WINDOWS)
 def test_decode_kernel_attends_each_querys_window(window, block_size, num_splits):
     case = _decode_case(block_size, seed=window + block_size)
-    want = windowed_reference(case, window)
+    want = reference_attention(case, window=window)
     assert poison_before_window(case, window, DECODE_TILE) > 0 or window == 200  # a long sequence skips keys
     got = _decode(case, num_splits=num_splits, window=window)
     assert torch.isfinite(got).all()
@@ -99,7 +68,7 @@ def test_decode_split_k_with_splits_wholly_before_the_window():
     """8 splits of a 70-token sequence's 18 columns, window 3: every split but the last holds
     only keys before the window (lse = -inf); the merge weighs them 0."""
     case = _decode_case(seed=1)
-    want = windowed_reference(case, 3)
+    want = reference_attention(case, window=3)
     for splits in (2, 8):
         torch.testing.assert_close(_decode(case, num_splits=splits, window=3), want, atol=1e-5, rtol=1e-5)
 
@@ -108,7 +77,7 @@ def test_decode_window_equal_to_a_sequence_and_none_is_the_whole_past():
     case = _decode_case(seed=2)
     full = _decode(case)
     torch.testing.assert_close(_decode(case, window=70), full, atol=1e-6, rtol=1e-6)  # 70: the longest sequence
-    torch.testing.assert_close(full, windowed_reference(case, None), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(full, reference_attention(case), atol=1e-5, rtol=1e-5)
     with pytest.raises(AssertionError, match="at least the query itself"):
         _decode(case, window=0)
 
@@ -118,7 +87,7 @@ def test_decode_window_equal_to_a_sequence_and_none_is_the_whole_past():
 def test_varlen_kernel_attends_each_querys_window(window, block_size):
     case = make_paged_case(*CHUNKS, num_heads=4, num_kv_heads=2, head_dim=16, block_size=block_size,
                            seed=window + block_size)
-    want = windowed_reference(case, window)
+    want = reference_attention(case, window=window)
     poison_before_window(case, window, PREFILL_TILE)
     got = _varlen(case, window=window)
     assert torch.isfinite(got).all()
@@ -137,7 +106,7 @@ def test_a_stored_int8_pool_with_a_window(window):
             args = (case.q, k_pool.codes, v_pool.codes, case.cu_seqlens_q, case.seq_lens, case.block_tables,
                     case.max_query_len)
         got = attend(*args, out=nan_like(case.q), k_scale=k_pool.scales, v_scale=v_pool.scales, window=window, **kw)
-        torch.testing.assert_close(got, windowed_reference(dequantized, window), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got, reference_attention(dequantized, window=window), atol=1e-5, rtol=1e-5)
 
 
 # ---- the backend: a tiny model with a sliding layer, the torch backend's logits --------------

@@ -7,18 +7,8 @@ from course.s06_kernels_graphs.cpu import native
 from course.s06_kernels_graphs.torch_backend import TorchPagedBackend
 from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend
 from course.s06_kernels_graphs.cpu.attention import check_shapes, kernel_unavailable, paged_attention_rows
-from course.s06_kernels_graphs.bench.testing import make_paged_case, one_layer_step, reference_attention, stored_case
-
-
-def every_row(case):
-    """Each query row of the case as a kernel row: its sequence, and the tokens it sees."""
-    rows, seqs, lens = [], [], []
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        start = case.cu_seqlens_q[b].item()
-        rows += range(start, start + new)
-        seqs += [b] * new
-        lens += range(total - new + 1, total + 1)
-    return [torch.tensor(x, dtype=torch.long) for x in (rows, seqs, lens)]
+from course.s06_kernels_graphs.bench.testing import (kernel_rows, make_paged_case, one_layer_step,
+    reference_attention, stored_case)
 
 
 @pytest.mark.parametrize("seq_lens, query_lens", [
@@ -35,7 +25,7 @@ def test_kernel_equals_the_oracle(seq_lens, query_lens, heads, kv_heads, head_di
     block): one read past a row's length would poison its output."""
     case = make_paged_case(seq_lens, query_lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                            block_size=block_size, seed=heads + block_size)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens)
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
 
@@ -49,7 +39,7 @@ def test_kernel_reads_a_stored_pool_as_the_oracle_reads_it_dequantized(dtype, he
     case = make_paged_case([7, 33, 1, 50], [1, 5, 1, 16], num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                            block_size=block_size, seed=block_size)
     k_pool, v_pool, dequantized = stored_case(case, dtype)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), rows, seqs, lens)
     torch.testing.assert_close(got, reference_attention(dequantized), atol=1e-5, rtol=1e-5)
 
@@ -69,7 +59,7 @@ def test_the_portable_c_without_avx512_equals_the_oracle(head_dim, dtype, monkey
     k_pool, v_pool = case.k_cache, case.v_cache
     if dtype != torch.float32:
         k_pool, v_pool, case = stored_case(case, dtype)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), rows, seqs, lens)
     torch.testing.assert_close(got, reference_attention(case), atol=1e-5, rtol=1e-5)
 
@@ -187,7 +177,7 @@ def test_tree_rows_see_the_prefix_and_their_own_path(n, block_size, head_dim):
     case = make_paged_case([70, 40 + n], [1, n], num_heads=6, num_kv_heads=2, head_dim=head_dim,
                            block_size=block_size, seed=n)
     mask = random_tree_mask(n, seed=n)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     first = lens.clone()
     first[1:] = 40  # the tree's rows: its block starts at position 40
     bits = torch.tensor([0] + tree_bits(mask), dtype=torch.long)

@@ -16,7 +16,8 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS
 from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu
-from course.s06_kernels_graphs.bench.testing import make_paged_case, stored_case
+from course.s06_kernels_graphs.bench.testing import (kernel_rows, make_paged_case, reference_attention, sequence_kv,
+    stored_case)
 from course.s06_kernels_graphs.cpu import attention as cpu_attention
 from course.s06_kernels_graphs.cpu import native
 from course.s06_kernels_graphs.cpu.attention import paged_attention_rows
@@ -53,35 +54,6 @@ def sinks_of(kind: str, heads: int) -> torch.Tensor:
 SINKS = ["large", "negative", "mixed"]
 
 
-def every_row(case):
-    """Each query row of the case as a kernel row: its sequence, and the tokens up to its own."""
-    rows, seqs, lens = [], [], []
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        start = case.cu_seqlens_q[b].item()
-        rows += range(start, start + new)
-        seqs += [b] * new
-        lens += range(total - new + 1, total + 1)
-    return [torch.tensor(x, dtype=torch.long) for x in (rows, seqs, lens)]
-
-
-def sequence_kv(case, b):
-    """Sequence b's keys and values gathered back into order."""
-    total, bs = case.seq_lens[b].item(), case.k_cache.shape[1]
-    blocks = case.block_tables[b, : -(-total // bs)].long()
-    return [pool[blocks].flatten(0, 1)[:total].float() for pool in (case.k_cache, case.v_cache)]
-
-
-def reference(case, window, sinks):
-    """Stage 01's causal_attention with the window and the sinks, sequence by sequence."""
-    out = torch.empty(case.q.shape)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        k, v = sequence_kv(case, b)
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end], k, v, q_start=total - (end - start), window=window,
-                                          sinks=sinks)
-    return out
-
-
 BLOCK = 4
 CASES = {"mixed": ([7, 33, 1, 50, 16], [1, 5, 1, 1, 16]),  # decodes beside chunks, one after a cached prefix
          "decode": ([9, 31, 4, 18, 60], [1, 1, 1, 1, 1]),
@@ -99,10 +71,10 @@ def test_rows_with_sinks_equal_causal_attention(build, sinks, window, rows, head
                            block_size=BLOCK, seed=head_dim + (window or 0))
     logits = sinks_of(sinks, heads)
     tables = case.block_tables.long()
-    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *every_row(case), window=window,
+    got = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *kernel_rows(case), window=window,
                                sinks=logits)
-    torch.testing.assert_close(got, reference(case, window, logits), atol=1e-5, rtol=1e-5)
-    without = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *every_row(case), window=window)
+    torch.testing.assert_close(got, reference_attention(case, window=window, sinks=logits), atol=1e-5, rtol=1e-5)
+    without = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *kernel_rows(case), window=window)
     assert not torch.allclose(got, without, atol=1e-3)  # the sinks matter here: ignoring them would fail
     if sinks == "large":  # most of each head's weight goes to nothing: the outputs shrink
         assert got.norm() < 0.1 * without.norm()
@@ -113,9 +85,9 @@ def test_rows_with_sinks_read_a_stored_pool_as_the_oracle_reads_it_dequantized(b
     case = make_paged_case([7, 33, 1, 50], [1, 5, 1, 16], num_heads=6, num_kv_heads=2, head_dim=16, block_size=4)
     k_pool, v_pool, dequantized = stored_case(case, dtype)
     logits = sinks_of("mixed", 6)
-    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *every_row(case), window=5,
+    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *kernel_rows(case), window=5,
                                sinks=logits)
-    torch.testing.assert_close(got, reference(dequantized, 5, logits), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference_attention(dequantized, window=5, sinks=logits), atol=1e-5, rtol=1e-5)
 
 
 def tree_of(parents: list[int]) -> torch.Tensor:
@@ -147,13 +119,14 @@ def test_tree_rows_with_sinks_equal_causal_attention_along_their_paths(build, si
     case = make_paged_case([70, 40 + n], [1, n], num_heads=6, num_kv_heads=2, head_dim=head_dim,
                            block_size=block_size, seed=n + (window or 0))
     mask, logits = random_tree_mask(n, seed=n, chain=chain), sinks_of(sinks, 6)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     first = lens.clone()
     first[1:] = 40  # the tree's rows: its block starts at position 40
     bits = torch.tensor([0] + tree_bits(mask, window), dtype=torch.long)
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens,
                                tree_first=first, tree_bits=bits, window=window, sinks=logits)
-    torch.testing.assert_close(got[:1], reference(case, window, logits)[:1], atol=1e-5, rtol=1e-5)
+    want = reference_attention(case, window=window, sinks=logits)
+    torch.testing.assert_close(got[:1], want[:1], atol=1e-5, rtol=1e-5)
     k, v = sequence_kv(case, 1)
     for i in range(n):
         path = torch.cat([torch.arange(40), 40 + mask[i].nonzero()[:, 0]])
@@ -164,14 +137,14 @@ def test_tree_rows_with_sinks_equal_causal_attention_along_their_paths(build, si
 
 def test_sinks_of_another_dtype_or_infinite_are_read_right_and_a_wrong_length_is_refused(build):
     case = make_paged_case([9, 20], [1, 4], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4)
-    tables, rows = case.block_tables.long(), every_row(case)
+    tables, rows = case.block_tables.long(), kernel_rows(case)
     logits = sinks_of("mixed", 4).bfloat16()  # a bfloat16 model's parameter
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *rows, sinks=logits)
-    torch.testing.assert_close(got, reference(case, None, logits.float()), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got, reference_attention(case, sinks=logits), atol=1e-5, rtol=1e-5)
     inf = float("inf")  # -inf: a head without a sink; +inf: all of it to nothing, an output of 0
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *rows,
                                sinks=torch.tensor([-inf, -inf, inf, 0.0]))
-    torch.testing.assert_close(got[:, :2], reference(case, None, None)[:, :2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[:, :2], reference_attention(case)[:, :2], atol=1e-5, rtol=1e-5)
     assert torch.equal(got[:, 2], torch.zeros_like(got[:, 2]))
     for wrong in (torch.zeros(3), torch.zeros(8), torch.zeros(1, 4)):
         with pytest.raises(ValueError, match="one logit per query head"):

@@ -8,12 +8,12 @@ import ctypes
 import pytest
 import torch
 
-from course.s01_decode_loop.attention import causal_attention
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import windowed_model
 from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu
-from course.s06_kernels_graphs.bench.testing import make_paged_case, stored_case
+from course.s06_kernels_graphs.bench.testing import (kernel_rows, make_paged_case, reference_attention, sequence_kv,
+    stored_case)
 from course.s06_kernels_graphs.cpu import attention as cpu_attention
 from course.s06_kernels_graphs.cpu import layer as cpu_layer
 from course.s06_kernels_graphs.cpu import native
@@ -41,34 +41,6 @@ def build(request, monkeypatch):
         fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
         monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
     return request.param
-
-
-def every_row(case):
-    """Each query row of the case as a kernel row: its sequence, and the tokens up to its own."""
-    rows, seqs, lens = [], [], []
-    for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens)):
-        start = case.cu_seqlens_q[b].item()
-        rows += range(start, start + new)
-        seqs += [b] * new
-        lens += range(total - new + 1, total + 1)
-    return [torch.tensor(x, dtype=torch.long) for x in (rows, seqs, lens)]
-
-
-def sequence_kv(case, b):
-    """Sequence b's keys and values gathered back into order."""
-    total, bs = case.seq_lens[b].item(), case.k_cache.shape[1]
-    blocks = case.block_tables[b, : -(-total // bs)].long()
-    return (pool[blocks].flatten(0, 1)[:total].float() for pool in (case.k_cache, case.v_cache))
-
-
-def windowed_reference(case, window):
-    """Stage 01's causal_attention with the window, sequence by sequence."""
-    out = torch.empty(case.q.shape)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        k, v = sequence_kv(case, b)
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end], k, v, q_start=total - (end - start), window=window)
-    return out
 
 
 def poison_behind_windows(case, window):
@@ -101,12 +73,12 @@ def test_windowed_rows_equal_causal_attention(build, window, rows, heads, kv_hea
     seq_lens, query_lens = CASES[rows]
     case = make_paged_case(seq_lens, query_lens, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                            block_size=BLOCK, seed=window + head_dim)
-    want = windowed_reference(case, window)
+    want = reference_attention(case, window=window)
     k_pool, v_pool = poison_behind_windows(case, window)
-    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *every_row(case), window=window)
+    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *kernel_rows(case), window=window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     if window < min(seq_lens[1:]):  # the window matters: the full rows differ
-        full = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), *every_row(case))
+        full = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), *kernel_rows(case))
         assert not torch.allclose(got, full, atol=1e-3)
 
 
@@ -117,8 +89,8 @@ def test_windowed_rows_read_a_stored_pool_as_the_oracle_reads_it_dequantized(bui
     case = make_paged_case([7, 33, 1, 50], [1, 5, 1, 16], num_heads=6, num_kv_heads=2, head_dim=16,
                            block_size=block_size, seed=window)
     k_pool, v_pool, dequantized = stored_case(case, dtype)
-    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *every_row(case), window=window)
-    torch.testing.assert_close(got, windowed_reference(dequantized, window), atol=1e-5, rtol=1e-5)
+    got = paged_attention_rows(case.q, k_pool, v_pool, case.block_tables.long(), *kernel_rows(case), window=window)
+    torch.testing.assert_close(got, reference_attention(dequantized, window=window), atol=1e-5, rtol=1e-5)
 
 
 def tree_of(parents: list[int]) -> torch.Tensor:
@@ -155,13 +127,13 @@ def test_windowed_tree_rows_equal_the_tree_sdpa(build, window, n, block_size, ch
     case = make_paged_case([70, 40 + n], [1, n], num_heads=6, num_kv_heads=2, head_dim=head_dim,
                            block_size=block_size, seed=n + window)
     mask = random_tree_mask(n, seed=n, chain=chain)
-    rows, seqs, lens = every_row(case)
+    rows, seqs, lens = kernel_rows(case)
     first = lens.clone()
     first[1:] = 40  # the tree's rows: its block starts at position 40
     bits = torch.tensor([0] + tree_bits(mask, window), dtype=torch.long)
     got = paged_attention_rows(case.q, case.k_cache, case.v_cache, case.block_tables.long(), rows, seqs, lens,
                                tree_first=first, tree_bits=bits, window=window)
-    torch.testing.assert_close(got[:1], windowed_reference(case, window)[:1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[:1], reference_attention(case, window=window)[:1], atol=1e-5, rtol=1e-5)
     k, v = sequence_kv(case, 1)
     torch.testing.assert_close(got[1:], tree_attention_sdpa(case.q[1:], k, v, mask, window), atol=1e-5, rtol=1e-5)
 

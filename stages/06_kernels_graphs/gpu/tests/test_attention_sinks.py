@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from course.s01_decode_loop.attention import causal_attention
-from course.s06_kernels_graphs.bench.testing import make_paged_case, nan_like
+from course.s06_kernels_graphs.bench.testing import (fresh_kv, make_paged_case, nan_like, poison_before_window,
+    reference_attention)
 from course.s06_kernels_graphs.gpu.decode_attention import decode_tiles, paged_decode_attention
 from course.s06_kernels_graphs.gpu.prefill_attention import prefill_tiles, varlen_attention
 from course.s06_kernels_graphs.sync_guard import sync_guard
@@ -27,41 +28,6 @@ LENS = [0, 1, 7, 23, 41, 70]
 # Chunks over cached prefixes (20 and 2 keys), decodes, a padding sequence (no query), a whole
 # 33-token prompt (three query tiles) and a 40-token chunk over 30 cached keys.
 CHUNKS = ([26, 9, 0, 33, 7, 70, 21], [6, 1, 0, 33, 5, 40, 1])
-
-
-def reference(case, window: int | None, sinks: torch.Tensor | None) -> torch.Tensor:
-    """Each sequence's keys gathered back into order, then stage 01's causal attention with the
-    window and the sinks: [T, H, D] float32."""
-    bs = case.k_cache.shape[1]
-    out = torch.empty(case.q.shape, dtype=torch.float32)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        blocks = case.block_tables[b, : -(-total // bs)].long()
-        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
-        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end].float(), k, v, q_start=total - (end - start),
-                                          window=window, sinks=None if sinks is None else sinks.float())
-    return out
-
-
-def poison_before_window(case, window: int | None) -> None:
-    """NaN in the pool for every key more than a tile before the first query's window: a sink must
-    not make a kernel start its walk any earlier."""
-    bs = case.k_cache.shape[1]
-    for b, total in enumerate(case.seq_lens.tolist()):
-        for pos in range(max(0, total - case.query_lens[b] - (window or 10**9) + 1 - TILE)):
-            case.k_cache[case.block_tables[b, pos // bs], pos % bs] = float("nan")
-            case.v_cache[case.block_tables[b, pos // bs], pos % bs] = float("nan")
-
-
-def _fresh_kv(case):
-    """The step's own k, v [T, Hkv, D], read from their pool slots before any poisoning."""
-    page = case.k_cache.shape[1]
-    slots = [case.block_tables[b, p // page].item() * page + p % page
-             for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens))
-             for p in range(total - new, total)]
-    slots = torch.tensor(slots, dtype=torch.long)
-    return case.k_cache.flatten(0, 1)[slots].clone(), case.v_cache.flatten(0, 1)[slots].clone()
 
 
 def _decode(case, **kw):
@@ -84,19 +50,19 @@ def test_decode_with_sinks_equals_causal_attention(sinks, window, max_splits, na
     head's sink once; length 0 is one split with no key: the sink alone, zeros."""
     case = make_paged_case(LENS, [1] * len(LENS), num_heads=8, num_kv_heads=2, head_dim=64, block_size=4,
                            seed=len(sinks) + (window or 0))
-    want = reference(case, window, SINKS[sinks])
-    poison_before_window(case, window)
+    want = reference_attention(case, window=window, sinks=SINKS[sinks])
+    poison_before_window(case, window, TILE)
     got = _decode(case, max_splits=max_splits, window=window, sinks=SINKS[sinks])
     assert torch.isfinite(got).all() and (got[0] == 0).all()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(got, reference(case, window, None), atol=1e-3)  # the sinks did change it
+    assert not torch.allclose(got, reference_attention(case, window=window), atol=1e-3)  # the sinks did change it
 
 
 def test_every_split_count_gives_the_same_output(nan_scratch):
     """1 to 8 splits of a 70-key sequence (and of its 22-key window): split 0 alone adds the sink."""
     case = make_paged_case([70, 5, 41], [1] * 3, num_heads=8, num_kv_heads=1, head_dim=32, block_size=4, seed=3)
     for window in (None, 21):
-        want = reference(case, window, SINKS["mixed"])
+        want = reference_attention(case, window=window, sinks=SINKS["mixed"])
         for max_splits in (1, 2, 3, 8):
             torch.testing.assert_close(_decode(case, max_splits=max_splits, window=window, sinks=SINKS["mixed"]),
                                        want, atol=1e-5, rtol=1e-5, msg=f"window {window}, {max_splits} splits")
@@ -110,9 +76,9 @@ def test_varlen_with_sinks_equals_causal_attention(sinks, window):
     case = make_paged_case(*CHUNKS, num_heads=4, num_kv_heads=2, head_dim=32, block_size=4,
                            seed=len(sinks) + (window or 0))
     sink = SINKS[sinks][:4]
-    want = reference(case, window, sink)
-    k, v = _fresh_kv(case)
-    poison_before_window(case, window)
+    want = reference_attention(case, window=window, sinks=sink)
+    k, v = fresh_kv(case)
+    poison_before_window(case, window, TILE)
     got = varlen_attention(case.q, k, v, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
                            case.block_tables, out=nan_like(case.q), window=window, sinks=sink)
     assert torch.isfinite(got).all()
@@ -126,8 +92,8 @@ def test_mixed_step_of_both_kernels_with_sinks(window, nan_scratch):
     read as their float32 values); host reads refused (graph capture)."""
     case = make_paged_case(*CHUNKS, num_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seed=5)
     sinks = SINKS["mixed"][:4].to(torch.bfloat16)
-    want = reference(case, window, sinks)
-    k, v = _fresh_kv(case)
+    want = reference_attention(case, window=window, sinks=sinks)
+    k, v = fresh_kv(case)
     out = torch.full_like(case.q, float("nan"))
     starts = case.cu_seqlens_q.long()
     with sync_guard():
@@ -149,7 +115,7 @@ def test_compiled_bf16_decode_with_sinks(window, max_splits):
     case = make_paged_case([1, 77, 513, 1000, 2049], [1] * 5, num_heads=64, num_kv_heads=8, head_dim=64,
                            block_size=16, dtype=torch.bfloat16, device="cuda")
     sinks = torch.linspace(-4.0, 6.0, 64, dtype=torch.bfloat16)  # gpt-oss-20b's 64 heads over 8
-    want = reference(case.cpu(), window, sinks)
+    want = reference_attention(case.cpu(), window=window, sinks=sinks)
     got = _decode(case, max_splits=max_splits, window=window, sinks=sinks.cuda())
     torch.testing.assert_close(got.float().cpu(), want, atol=3e-2, rtol=3e-2)
 
@@ -161,8 +127,8 @@ def test_compiled_bf16_varlen_with_sinks(window, head_dim):
     case = make_paged_case([300, 129, 64, 7, 4200], [300, 50, 1, 7, 256], num_heads=32, num_kv_heads=8,
                            head_dim=head_dim, block_size=16, dtype=torch.bfloat16, device="cuda")
     sinks = torch.linspace(-4.0, 6.0, 32, dtype=torch.bfloat16)
-    want = reference(case.cpu(), window, sinks)
-    k, v = _fresh_kv(case)
+    want = reference_attention(case.cpu(), window=window, sinks=sinks)
+    k, v = fresh_kv(case)
     got = varlen_attention(case.q, k, v, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
                            case.block_tables, window=window, sinks=sinks.cuda())
     torch.testing.assert_close(got.float().cpu(), want, atol=3e-2, rtol=3e-2)

@@ -10,8 +10,8 @@ there are (its scratch starts as NaN)."""
 import pytest
 import torch
 
-from course.s01_decode_loop.attention import causal_attention
-from course.s06_kernels_graphs.bench.testing import make_paged_case, nan_like
+from course.s06_kernels_graphs.bench.testing import (fresh_kv, make_paged_case, nan_like, poison_before_window,
+    reference_attention)
 from course.s06_kernels_graphs.gpu.decode_attention import decode_tiles, paged_decode_attention
 from course.s06_kernels_graphs.gpu.prefill_attention import prefill_tiles, varlen_attention
 from course.s06_kernels_graphs.sync_guard import sync_guard
@@ -22,46 +22,6 @@ PREFILL_TILE = prefill_tiles(None, 64, torch.float32).block_n
 # than a tile; 200: longer than every sequence (the whole past, as without a window).
 WINDOWS = [1, 3, 6, 21, 200]
 LENS = [1, 7, 23, 41, 70]
-
-
-def windowed_reference(case, window: int | None) -> torch.Tensor:
-    """Each sequence's keys gathered back into order, then stage 01's causal attention with the
-    window: [T, H, D] float32."""
-    bs = case.k_cache.shape[1]
-    out = torch.empty(case.q.shape, dtype=torch.float32)
-    for b, total in enumerate(case.seq_lens.tolist()):
-        blocks = case.block_tables[b, : -(-total // bs)].long()
-        k = case.k_cache[blocks].flatten(0, 1)[:total].float()
-        v = case.v_cache[blocks].flatten(0, 1)[:total].float()
-        start, end = case.cu_seqlens_q[b].item(), case.cu_seqlens_q[b + 1].item()
-        out[start:end] = causal_attention(case.q[start:end].float(), k, v, q_start=total - (end - start),
-                                          window=window)
-    return out
-
-
-def poison_before_window(case, window: int, tile: int) -> int:
-    """NaN in the pool for every key more than a tile before the first query's window (a walk
-    that starts on a whole tile may load up to tile - 1 keys before it). Returns the count."""
-    bs = case.k_cache.shape[1]
-    poisoned = 0
-    for b, total in enumerate(case.seq_lens.tolist()):
-        first_query = total - case.query_lens[b]
-        for pos in range(max(0, first_query - window + 1 - tile)):
-            block, offset = case.block_tables[b, pos // bs].item(), pos % bs
-            case.k_cache[block, offset] = float("nan")
-            case.v_cache[block, offset] = float("nan")
-            poisoned += 1
-    return poisoned
-
-
-def _fresh_kv(case):
-    """The step's own k, v [T, Hkv, D], read from their pool slots before any poisoning."""
-    page = case.k_cache.shape[1]
-    slots = [case.block_tables[b, p // page].item() * page + p % page
-             for b, (total, new) in enumerate(zip(case.seq_lens.tolist(), case.query_lens))
-             for p in range(total - new, total)]
-    slots = torch.tensor(slots, dtype=torch.long)
-    return case.k_cache.flatten(0, 1)[slots].clone(), case.v_cache.flatten(0, 1)[slots].clone()
 
 
 def _decode(case, **kw):
@@ -75,7 +35,7 @@ def _decode(case, **kw):
 def test_decode_attends_each_querys_window(window, block_size, max_splits):
     case = make_paged_case(LENS, [1] * len(LENS), num_heads=8, num_kv_heads=2, head_dim=64, block_size=block_size,
                            seed=window + block_size)
-    want = windowed_reference(case, window)
+    want = reference_attention(case, window=window)
     assert poison_before_window(case, window, DECODE_TILE) > 0 or window == 200  # the long ones skip keys
     got = _decode(case, max_splits=max_splits, window=window)
     assert torch.isfinite(got).all()
@@ -89,7 +49,7 @@ def test_splits_share_the_windows_keys_and_the_merge_agrees(monkeypatch):
     empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
     case = make_paged_case([70, 5, 41], [1] * 3, num_heads=8, num_kv_heads=1, head_dim=32, block_size=4, seed=3)
-    want = windowed_reference(case, 21)
+    want = reference_attention(case, window=21)
     for max_splits in (2, 8):
         torch.testing.assert_close(_decode(case, max_splits=max_splits, window=21), want, atol=1e-5, rtol=1e-5)
 
@@ -98,7 +58,7 @@ def test_splits_share_the_windows_keys_and_the_merge_agrees(monkeypatch):
 def test_query_start_with_a_window_leaves_other_rows_untouched(max_splits):
     seq_lens, query_lens = [9, 20, 0, 33, 12, 0, 26], [1, 5, 0, 1, 3, 0, 1]
     case = make_paged_case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, head_dim=64, block_size=4, seed=11)
-    want = windowed_reference(case, 4)
+    want = reference_attention(case, window=4)
     out = torch.full_like(case.q, 123.0)
     _decode(case, query_start=case.cu_seqlens_q.long(), out=out, max_splits=max_splits, window=4)
     rows = [case.cu_seqlens_q[b].item() for b, n in enumerate(query_lens) if n == 1]
@@ -128,8 +88,8 @@ def test_varlen_attends_each_querys_window(window, block_size):
     unmasked, for every query tile."""
     case = make_paged_case(*CHUNKS, num_heads=4, num_kv_heads=2, head_dim=32, block_size=block_size,
                            seed=window + block_size)
-    want = windowed_reference(case, window)
-    k, v = _fresh_kv(case)
+    want = reference_attention(case, window=window)
+    k, v = fresh_kv(case)
     poison_before_window(case, window, PREFILL_TILE)
     got = varlen_attention(case.q, k, v, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
                            case.block_tables, out=nan_like(case.q), window=window)
@@ -142,8 +102,8 @@ def test_mixed_step_of_both_kernels_with_a_window(window):
     """The kernel set's mixed step: the varlen kernel on the chunks (skip_decodes), the decode
     kernel on the single-token rows (query_start), one out; host reads refused (graph capture)."""
     case = make_paged_case(*CHUNKS, num_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seed=window)
-    want = windowed_reference(case, window)
-    k, v = _fresh_kv(case)
+    want = reference_attention(case, window=window)
+    k, v = fresh_kv(case)
     out = nan_like(case.q)
     starts = case.cu_seqlens_q.long()
     with sync_guard():
@@ -162,7 +122,7 @@ def test_mixed_step_of_both_kernels_with_a_window(window):
 def test_compiled_bf16_decode_with_a_window(window, max_splits):
     case = make_paged_case([1, 77, 513, 1000, 2049], [1] * 5, num_heads=32, num_kv_heads=8, head_dim=128,
                            block_size=16, dtype=torch.bfloat16, device="cuda")
-    want = windowed_reference(case.cpu(), window)
+    want = reference_attention(case.cpu(), window=window)
     got = _decode(case, max_splits=max_splits, window=window)
     torch.testing.assert_close(got.float().cpu(), want, atol=3e-2, rtol=3e-2)
 
@@ -174,8 +134,8 @@ def test_compiled_bf16_varlen_with_a_window(window, head_dim):
     """Query tiles of 128 rows: a window of 3 masks inside the diagonal; 1,000 spans tiles."""
     case = make_paged_case([300, 129, 64, 7, 4200], [300, 50, 1, 7, 256], num_heads=32, num_kv_heads=8,
                            head_dim=head_dim, block_size=16, dtype=torch.bfloat16, device="cuda")
-    want = windowed_reference(case.cpu(), window)
-    k, v = _fresh_kv(case)
+    want = reference_attention(case.cpu(), window=window)
+    k, v = fresh_kv(case)
     got = varlen_attention(case.q, k, v, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
                            case.block_tables, window=window)
     torch.testing.assert_close(got.float().cpu(), want, atol=3e-2, rtol=3e-2)
