@@ -28,6 +28,7 @@ from ..config import ModelConfig
 from ..config_keys import INERT as LLAMA_INERT
 from ..model import CausalLM
 from ..rope import RotaryEmbedding, apply_rope
+from .norms import ZeroCenteredRMSNorm
 
 MODEL_TYPE = "gemma3_text"
 ACTIVATIONS = {"gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
@@ -146,21 +147,6 @@ def _rope_parameters(d: dict[str, Any]) -> tuple[dict, dict]:
     return full, local
 
 
-class RMSNorm(nn.Module):
-    """x / rms(x) * (1 + weight), all in float32 and cast back once (Llama's casts before it scales).
-    The weight is stored centred on 0: a zero weight means "scale by 1"."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
-
-
 class Attention(nn.Module):
     def __init__(self, config: Gemma3Config, layer_idx: int):
         super().__init__()
@@ -172,7 +158,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.n_kv_heads * d, bias=bias)
         self.v_proj = nn.Linear(h, self.n_kv_heads * d, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * d, h, bias=bias)
-        self.q_norm, self.k_norm = RMSNorm(d, config.rms_norm_eps), RMSNorm(d, config.rms_norm_eps)
+        self.q_norm, self.k_norm = ZeroCenteredRMSNorm(d, config.rms_norm_eps), ZeroCenteredRMSNorm(d, config.rms_norm_eps)
         # Every backend scales scores by d**-0.5; Gemma wants query_pre_attn_scalar**-0.5. A score is
         # linear in q, so multiplying q by their ratio gives Gemma's scores through any backend, and
         # the keys a later stage caches stay as they are.
@@ -211,8 +197,8 @@ class DecoderLayer(nn.Module):
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = Attention(config, layer_idx)
         self.mlp = MLP(config)
-        self.input_layernorm, self.post_attention_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
-        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.input_layernorm, self.post_attention_layernorm = ZeroCenteredRMSNorm(h, eps), ZeroCenteredRMSNorm(h, eps)
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = ZeroCenteredRMSNorm(h, eps), ZeroCenteredRMSNorm(h, eps)
 
     def forward(self, x, cos, sin, attn, meta):
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos, sin, attn, meta))
@@ -224,7 +210,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_global = RotaryEmbedding(config)
         self.rotary_local = RotaryEmbedding(replace(config, rope_theta=config.rope_local_base_freq, rope_scaling=None))
         self.embed_scale = config.embed_scale

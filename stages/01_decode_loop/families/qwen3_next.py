@@ -32,6 +32,7 @@ from ..moe.config import moe_fields
 from ..moe.experts import SparseMoeBlock
 from ..rope import RotaryEmbedding, apply_rope
 from .delta_rule import causal_conv1d, chunk_gated_delta_rule, recurrent_gated_delta_rule
+from .norms import ZeroCenteredRMSNorm
 
 MODEL_TYPE = "qwen3_next"
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -133,21 +134,6 @@ class Qwen3NextConfig(ModelConfig):
                 **{k: getattr(self, k) for k in SAME + MOE}, "layer_types": list(self.mixer_types),
                 "rope_parameters": rope, "attention_bias": self.o_bias,
                 "eos_token_id": eos[0] if len(eos) == 1 else eos or None}
-
-
-class ZeroCenteredRMSNorm(nn.Module):
-    """x / rms(x) * (1 + weight): the weight starts at 0 and holds the scale's offset from 1.
-    The scale multiplies in float32, before the cast back (model.py's RMSNorm casts first)."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GatedRMSNorm(RMSNorm):
