@@ -67,6 +67,8 @@ class RecurrentStates:
         self.batch: list[tuple[int, list[int], int, int]] = []   # this step: (request, ids, start, rows)
         self.drafted: set[int] = set()                            # this step's verification chunks
         self.after_row: dict[int, dict[int, dict[int, State]]] = {}  # request -> length -> layer -> state
+        self.chains: dict[int, tuple[int, bytes | None]] = {}  # request -> (tokens hashed, their prefix hash)
+        self.keys: list[dict[int, bytes | None]] = []  # this step, per sequence: boundary length -> its name
         self.restored_tokens = 0  # prompt tokens resumed from a snapshot (statistics)
 
     # ---- the engine's side ----------------------------------------------------------------
@@ -86,13 +88,30 @@ class RecurrentStates:
             if start == 0:
                 self.current[rid] = (0, {})
                 continue
-            snap = self.snapshots.get(prefix_hash(ids, start, self.block_size)) if start % self.interval == 0 else None
+            key = self._hash_to(rid, ids, start) if start % self.interval == 0 else None
+            snap = self.snapshots.get(key) if key is not None else None
             if snap is None or len(snap) < len(self.layers):
                 raise RuntimeError(f"request {rid} resumes at {start} tokens with no saved state there (an engine bug: "
                                    "prefix hits are limited by usable_prefix)")
-            self.snapshots.move_to_end(prefix_hash(ids, start, self.block_size))
+            self.snapshots.move_to_end(key)
             self.current[rid] = (start, dict(snap))
             self.restored_tokens += start
+        # the names of the boundaries this step's rows reach, once per sequence (not once per layer)
+        self.keys = [{length: self._hash_to(rid, ids, length)
+                      for length in range((start // self.interval + 1) * self.interval, min(start + rows, len(ids)) + 1,
+                                          self.interval)}
+                     for rid, ids, start, rows in batch]
+
+    def _hash_to(self, rid: int, ids: list[int], length: int) -> bytes | None:
+        """prefix_hash(ids, length), chained on from the last length this request asked for, so a
+        running sequence's blocks are hashed once each, not again at every boundary."""
+        done, h = self.chains.get(rid, (0, None))
+        if done > length:
+            done, h = 0, None
+        for i in range(done // self.block_size, length // self.block_size):
+            h = hash_block(h, ids[i * self.block_size:(i + 1) * self.block_size])
+        self.chains[rid] = (length, h)
+        return h
 
     def end_step(self) -> None:
         for rid, _, start, rows in self.batch:
@@ -106,6 +125,7 @@ class RecurrentStates:
         for rid in [r for r in self.current if r not in request_ids]:
             del self.current[rid]
             self.after_row.pop(rid, None)
+            self.chains.pop(rid, None)
 
     def usable_prefix(self, token_ids: list[int], hit_tokens: int) -> int:
         """The deepest boundary at or below `hit_tokens` where every linear layer's state was saved."""
@@ -136,7 +156,7 @@ class RecurrentStates:
             self.current[rid][1][layer] = state
         if rid in self.drafted:
             self.after_row.setdefault(rid, {}).setdefault(length, {})[layer] = state
-        if length % self.interval == 0 and length <= len(ids):  # a boundary: keep a copy, named by its prefix
-            key = prefix_hash(ids, length, self.block_size)
+        key = self.keys[b].get(length)
+        if key is not None:  # a boundary: keep a copy, named by its prefix
             self.snapshots.setdefault(key, {})[layer] = (state[0].clone(), state[1].clone())
             self.snapshots.move_to_end(key)

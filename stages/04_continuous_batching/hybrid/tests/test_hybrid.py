@@ -91,3 +91,17 @@ def test_hybrid_the_plain_engine_refuses_by_name(model, byte_tok):
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=64, block_size=BLOCK, max_num_batched_tokens=5))
     with pytest.raises(ValueError, match="whole sequences"):
         engine.generate(prompts([12]), [greedy(3)])
+
+
+def test_hybrid_boundary_names_chain_on_and_equal_the_block_managers():
+    """The names the state cache gives its snapshots, chained step to step, are the prefix hashes
+    the block manager names those blocks with, whatever the steps' sizes."""
+    from course.s04_continuous_batching.hybrid.states import prefix_hash
+
+    states, ids, start = RecurrentStates([0], block_size=4, interval=8), list(range(100)), 0
+    for rows in (3, 20, 1, 1, 9, 30):
+        states.begin_step([(7, ids, start, rows)])
+        want = {n: prefix_hash(ids, n, 4) for n in range(8, start + rows + 1, 8) if n > start}
+        assert states.keys[0] == want
+        states.end_step()
+        start += rows
