@@ -17,6 +17,7 @@ from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.prompt_lookup import PromptLookupDrafter
 from course.s05_speculative.tree import Tree
+from course.s06_kernels_graphs.cpu.layer import product
 
 
 class DraftSource:
@@ -35,6 +36,11 @@ class DraftSource:
     def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
         """The target's features (`features_of`) of positions start.. of `req`, all on kept tokens."""
 
+    def catch_up(self, req: Request) -> int:
+        """Positions the drafter reads before it can draft for `req` (what a proposal costs
+        besides its draft steps grows with them)."""
+        return 0
+
     def prune(self, alive: set[int]) -> None:
         """Drop whatever was kept for requests not in `alive` (finished, aborted, failed)."""
 
@@ -48,19 +54,31 @@ class EagleSource(DraftSource):
         self.per_request: dict[int, EagleDrafter] = {}
         self.tapped_model = None  # the model whose forward leaves the layers an EAGLE-3 head reads
 
+    def use_engine_products(self, engine_model) -> None:
+        """Where the engine multiplies by the lm_head with stage 06's C product (the cpu
+        backend's one-call layers), the head's draft-vocabulary logits use it too: torch's
+        `linear` runs a one-row product on one thread (1.2 ms for SmolLM2's 8k draft rows on
+        our 2-core CPU; the C product ~0.4 ms), and a chain pays it once per draft token."""
+        kernels = getattr(engine_model, "layer_kernels", None)
+        if getattr(kernels, "head", None) is not None and self.head.draft_vocab is not None:
+            self.head.vocab_product = lambda x, rows: product(x.reshape(-1, x.shape[-1]), rows)
+
     def tap(self, engine_model) -> None:
         """Ask the model the engine runs (stage 06's fused copy, say) for the head's layers."""
         if self.head.tap_layers:
             engine_model.tap_layers = self.head.tap_layers
             self.tapped_model = engine_model
 
+    @torch.no_grad()
     def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Every row's feature in one call: an EAGLE-3 head's fusion of the taps is one matrix
+        product for the whole step, not one per request (a single row reads all of `fuse`)."""
         if self.tapped_model is None:
-            return hidden
+            return self.head.input_features(hidden)
         tapped = self.tapped_model.tapped
         if tapped is None or tapped.shape[0] != hidden.shape[0]:  # a path that ran without the taps
             raise RuntimeError("the step's forward left no taps for its rows; the EAGLE-3 head cannot draft from it")
-        return tapped
+        return self.head.input_features(tapped)
 
     def _drafter(self, req: Request) -> EagleDrafter:
         drafter = self.per_request.get(req.request_id)
@@ -82,8 +100,16 @@ class EagleSource(DraftSource):
             return Tree()
         return drafter.propose_tree(req.seq, depth, top_k=4, max_nodes=max_nodes, cost=cost)
 
-    def observe(self, req: Request, hidden: torch.Tensor, start: int) -> None:
-        self._drafter(req).observe(hidden, start)
+    def observe(self, req: Request, features: torch.Tensor, start: int) -> None:
+        self._drafter(req).observe(features, start)
+
+    def catch_up(self, req: Request) -> int:
+        """The positions whose features the head has not read yet (all of them, after an idle
+        stretch: the head runs only when its request drafts)."""
+        drafter = self.per_request.get(req.request_id)
+        if drafter is None:
+            return req.num_computed_tokens
+        return drafter.num_features - (drafter.cache.num_tokens if drafter.cache is not None else 0)
 
     def prune(self, alive: set[int]) -> None:
         for request_id in set(self.per_request) - alive:

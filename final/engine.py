@@ -86,6 +86,7 @@ class Engine(LLMEngine):
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
         if isinstance(self.source, EagleSource):
             self.source.head = self.prepare_module(self.source.head)
+            self.source.use_engine_products(self.runner.model)
             self.source.tap(self.runner.model)  # before any graph is captured: the taps come out of it
         self.last_features = None  # the step's rows as the drafter reads them (source.features_of)
         self.drafts = self.scheduler.drafts
@@ -150,8 +151,9 @@ class Engine(LLMEngine):
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             limits[req.request_id] = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit
             requests[req.request_id] = req
+        reads = {rid: self.source.catch_up(req) for rid, req in requests.items()}  # positions to read first
         if self.draft_policy is not None:
-            limits = self.draft_policy.lengths(limits, len(self.scheduler.running) - len(limits))
+            limits = self.draft_policy.lengths(limits, len(self.scheduler.running) - len(limits), reads)
         for rid, k in limits.items():
             if k > 0:
                 req, started = requests[rid], time.perf_counter()
@@ -159,7 +161,7 @@ class Engine(LLMEngine):
                 draft = Draft(tree.tokens) if tree is not None else self.source.propose(req, k)
                 if self.draft_policy is not None:  # what a draft step (a tree's: a level) costs on this machine
                     steps = len(draft.tokens) if tree is None else max(tree.depths, default=0)
-                    self.draft_policy.observe_drafting(rid, steps, time.perf_counter() - started)
+                    self.draft_policy.observe_drafting(steps, time.perf_counter() - started, reads[rid])
                 tokens = self._grammar_prefix(req, list(draft.tokens))
                 if tokens:
                     self.drafts[rid] = tokens

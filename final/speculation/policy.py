@@ -15,52 +15,169 @@ getting, and what this machine is actually paying (the AVX2 host pays more per d
 than an AVX-512 one).
 
 Everything is measured while serving, never read from a table:
-* step time = fixed + per_row x rows, fitted by least squares over recent all-decode steps
-  (exponentially forgotten, so a change of load or host shows within a few hundred steps);
-* drafting = per proposal + per draft token, fitted the same way over every proposal (a
-  request's first left out: the drafter reads the whole prompt then). A request that drafts
-  nothing yet pays the per-proposal part once, so its first m drafts are weighed together;
+* step time by rows (StepTimes): what all-decode steps of each size took, kept per size (sizes
+  within 25% of each other share a point past 16 rows) and forgotten within a size as new steps
+  of it come. A step's time is not one line in its rows: on a CPU a narrow step reads every
+  weight for a row or two (memory-bound: a verified row costs ~1% of the step), a wide one
+  multiplies them (compute-bound: each row costs its share). So what one more row costs is the
+  slope of the points *near this step's size* (half to twice its rows); where those points do not
+  spread enough to show a slope, a row is assumed to cost a quarter of the average row, which
+  keeps a wide batch from drafting on a guess;
+* drafting = per proposal + per position read + per draft token, fitted by least squares over
+  every proposal (exponentially forgotten). "Read": before it drafts, an EAGLE head catches up
+  on every position verified since its last draft (after a long idle stretch, hundreds). A
+  request that drafts nothing yet pays the per-proposal part once, so its first m drafts are
+  weighed together; its catch-up is charged over CATCH_UP_STEPS steps, since it is paid once
+  and serves every later draft (charged whole, a request idle for long would never draft again);
 * a(r, j): request r's own counts, blended with the engine-wide rate at position j (the prior,
-  worth PRIOR_WEIGHT observations), so a new request starts from what others get.
+  worth PRIOR_WEIGHT observations), so a new request starts from what others get. Counts age
+  with every step (a request's by ACCEPT_FORGET, the engine's by PRIOR_FORGET towards an even
+  chance): acceptance comes in stretches (a reply quoting its prompt, then not), so a request
+  whose drafts missed drifts back to the prior while it drafts nothing and is tried again.
 
-Every EXPLORE_EVERY steps, one request the policy gives no drafts drafts one token anyway, when
-that adds at most EXPLORE_BUDGET to those steps' time, so acceptance stays measured (a drafter that starts guessing well, as a
-reply turns to quoting its prompt, gets its drafts back). Until the costs are measured (the
-first WARM_UP_STEPS all-decode steps), every request drafts up to k.
+Every EXPLORE_EVERY steps, one request the policy gives no drafts drafts anyway, as many tokens
+as add at most EXPLORE_BUDGET to those steps' time net of what they are expected to save, so
+acceptance and the cost of wider steps stay measured (a drafter that starts guessing well, as a
+reply turns to quoting its prompt, gets its drafts back). On a lone request a draft nearly pays
+for itself, so a request whose drafts missed for a while is retried; in a wide batch a draft
+costs a row's share of the products, so it seldom is. To start, one request at a time drafts up to k until WARM_UP_PROPOSALS
+proposals are timed, then nothing is drafted until WARM_UP_STEPS all-decode steps are: a lone
+request drafts as it would anyway, and a wide batch pays for a few rows, never for a draft in
+every request.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+import torch
+
+from course.s05_speculative.eagle import DRAFT_ROOM
+
 PRIOR_WEIGHT = 4.0      # the engine-wide acceptance rate counts as this many of a request's own tries
-EXPLORE_EVERY = 8       # every 8th step, one request drafting nothing tries one token...
-EXPLORE_BUDGET = 0.03   # ...if that adds at most 3% to the time of those 8 steps
-WARM_UP_STEPS = 8       # all-decode steps measured before the costs are trusted
-FORGET = 0.98           # each step's weight in the fits decays by this per step (~50 steps' memory)
+ACCEPT_FORGET = 0.95    # a request's own counts age by this per step (half-life ~14 steps)
+PRIOR_FORGET = 0.995    # the engine-wide counts age by this per step (half-life ~140 steps)
+EXPLORE_EVERY = 8       # every 8th step, one request drafting nothing drafts...
+EXPLORE_BUDGET = 0.01   # ...as many tokens as add at most 1% to the time of those 8 steps
+CATCH_UP_STEPS = 8      # a catch-up's cost is charged over this many steps of drafting
+WARM_UP_PROPOSALS = 4   # proposals timed before the drafting costs are trusted
+WARM_UP_STEPS = 8       # all-decode steps timed before the step costs are trusted
+FORGET = 0.98           # each proposal's weight in the drafting fit decays by this per proposal
+RIDGE = 1e-9            # keeps the drafting fit solvable when a column never varies
+EXACT_ROWS = 16         # steps of up to 16 rows: a point per row count...
+BUCKET_RATIO = 1.25     # ...past that, row counts within 25% of each other share a point
+POINT_FORGET = 0.9      # a point's old steps decay by this per new step of its size (~10 steps' memory)
+STALE_STEPS = 1000      # a point no step of its size refreshed for this many steps is dropped
+PRIOR_SHARE = 0.25      # no slope measured near a size: a row costs this share of the average row
+
+
+class LeastSquares:
+    """y = c0 + c1 x1 + c2 x2 + ..., by least squares over exponentially forgotten points, every
+    coefficient at least 0 (a column whose fit goes negative is left out and the rest refitted)."""
+
+    def __init__(self, columns: int):
+        n = columns + 1
+        self.xtx = [[0.0] * n for _ in range(n)]
+        self.xty = [0.0] * n
+        self.seen = 0
+
+    def add(self, xs: tuple[float, ...], y: float) -> None:
+        row = (1.0, *xs)
+        for i, a in enumerate(row):
+            self.xty[i] = FORGET * self.xty[i] + a * y
+            for j, b in enumerate(row):
+                self.xtx[i][j] = FORGET * self.xtx[i][j] + a * b
+        self.seen += 1
+
+    def coefficients(self) -> list[float] | None:
+        """[c0, c1, ...]; None before any point."""
+        if not self.seen:
+            return None
+        keep = list(range(len(self.xty)))
+        while True:
+            a = torch.tensor([[self.xtx[i][j] for j in keep] for i in keep], dtype=torch.float64)
+            a += RIDGE * (1.0 + a.diagonal().sum()) * torch.eye(len(keep), dtype=torch.float64)
+            c = torch.linalg.solve(a, torch.tensor([self.xty[i] for i in keep], dtype=torch.float64)).tolist()
+            if min(c) >= 0 or len(keep) == 1:
+                out = [0.0] * len(self.xty)
+                for i, v in zip(keep, c):
+                    out[i] = max(v, 0.0)
+                return out
+            keep.pop(min(range(len(c)), key=c.__getitem__))
+
+
+class StepTimes:
+    """Seconds of an all-decode step by its rows: a point per size (see the module docstring)."""
+
+    def __init__(self):
+        self.points: dict[int, list[float]] = {}  # size bucket -> [weight, weighted rows, weighted seconds]
+        self.refreshed: dict[int, int] = {}       # size bucket -> the step that last added to it
+        self.seen = 0
+
+    @staticmethod
+    def bucket(rows: int) -> int:
+        if rows <= EXACT_ROWS:
+            return rows
+        return EXACT_ROWS + round(math.log(rows / EXACT_ROWS) / math.log(BUCKET_RATIO))
+
+    def add(self, rows: int, seconds: float) -> None:
+        point = self.points.setdefault(self.bucket(rows), [0.0, 0.0, 0.0])
+        point[0] = POINT_FORGET * point[0] + 1
+        point[1] = POINT_FORGET * point[1] + rows
+        point[2] = POINT_FORGET * point[2] + seconds
+        self.seen += 1
+        self.refreshed[self.bucket(rows)] = self.seen
+        for bucket in [b for b, step in self.refreshed.items() if self.seen - step > STALE_STEPS]:
+            del self.points[bucket], self.refreshed[bucket]  # the machine may have changed since
+
+    def curve(self) -> list[tuple[float, float, float]]:
+        """(rows, seconds, weight) of each point, by rows; seconds never fall as rows grow (a
+        noisy point below a smaller size's time takes that time)."""
+        out, highest = [], 0.0
+        for w, r, t in sorted(self.points.values(), key=lambda p: p[1] / p[0]):
+            highest = max(highest, t / w)
+            out.append((r / w, highest, w))
+        return out
+
+    def per_row(self, rows: int, widest: int = 0) -> float | None:
+        """Seconds one more row adds to a step of `rows` rows (that drafts may widen to `widest`):
+        the weighted least-squares slope of the points from half that size to twice it (or to
+        `widest`), if their sizes spread by a quarter of it (or by one row); otherwise
+        PRIOR_SHARE of the nearest point's average row. None: no point yet."""
+        curve = self.curve()
+        if not curve:
+            return None
+        near = [(r, t, w) for r, t, w in curve if rows / 2 <= r <= max(2 * rows + 1, widest)]
+        if len(near) >= 2 and near[-1][0] - near[0][0] >= max(1.0, rows / 4):
+            n = sum(w for _, _, w in near)
+            mr = sum(w * r for r, _, w in near) / n
+            mt = sum(w * t for _, t, w in near) / n
+            spread = sum(w * (r - mr) ** 2 for r, _, w in near)
+            return max(sum(w * (r - mr) * (t - mt) for r, t, w in near) / spread, 0.0)
+        r, t, _ = min(curve, key=lambda p: abs(math.log(p[0] / max(rows, 1))))
+        return PRIOR_SHARE * t / r
+
+    def at(self, rows: int) -> float | None:
+        """Seconds of a step of `rows` rows: between two points on the line joining them, past
+        the ends from the nearest end by `per_row`."""
+        curve = self.curve()
+        if not curve:
+            return None
+        for (r0, t0, _), (r1, t1, _) in zip(curve, curve[1:]):
+            if r0 <= rows <= r1:
+                return t0 + (t1 - t0) * (rows - r0) / (r1 - r0) if r1 > r0 else t1
+        r, t, _ = curve[0] if rows < curve[0][0] else curve[-1]
+        return max(t + self.per_row(rows) * (rows - r), 0.0)
 
 
 @dataclass
-class LinearFit:
-    """y = intercept + slope x, by least squares over exponentially forgotten points."""
-    n: float = 0.0
-    sx: float = 0.0
-    sy: float = 0.0
-    sxx: float = 0.0
-    sxy: float = 0.0
-    seen: int = 0
-
-    def add(self, x: float, y: float) -> None:
-        f = FORGET
-        self.n, self.sx, self.sy = f * self.n + 1, f * self.sx + x, f * self.sy + y
-        self.sxx, self.sxy = f * self.sxx + x * x, f * self.sxy + x * y
-        self.seen += 1
-
-    def slope_intercept(self) -> tuple[float, float] | None:
-        spread = self.n * self.sxx - self.sx * self.sx
-        if self.n < 2 or spread <= 1e-9 * max(1.0, self.n * self.sxx):
-            return None  # every step had the same number of rows: no slope to see yet
-        slope = (self.n * self.sxy - self.sx * self.sy) / spread
-        return max(slope, 0.0), max((self.sy - slope * self.sx) / self.n, 0.0)
+class Costs:
+    """What the policy weighs, in seconds."""
+    step: float      # a step of this batch's rows, without drafts
+    per_row: float   # one more row in it (near this size)
+    per_call: float  # a proposal, whatever it drafts
+    per_read: float  # a position the drafter catches up on before drafting
+    per_draft: float  # a draft token
 
 
 @dataclass
@@ -78,6 +195,10 @@ class Acceptance:
             self.tried[j] += 1
             self.kept[j] += j < accepted
 
+    def age(self, factor: float) -> None:
+        self.tried = [t * factor for t in self.tried]
+        self.kept = [k * factor for k in self.kept]
+
     def rate(self, j: int, prior: float, weight: float) -> float:
         tried = self.tried[j] if j < len(self.tried) else 0.0
         kept = self.kept[j] if j < len(self.kept) else 0.0
@@ -88,28 +209,24 @@ class CostModelPolicy:
     """Chooses each request's draft length per step (see the module's docstring)."""
 
     def __init__(self):
-        self.step_time = LinearFit()    # seconds of an all-decode step against its rows
-        self.draft_time = LinearFit()   # seconds of a proposal against the tokens it drafts
-        self.everyone = Acceptance()    # the engine-wide prior
+        self.step_times = StepTimes()         # seconds of an all-decode step by its rows
+        self.draft_time = LeastSquares(2)     # seconds of a proposal: 1, tokens drafted, positions read
+        self.everyone = Acceptance()          # the engine-wide prior
         self.per_request: dict[int, Acceptance] = {}
         self.steps_since_draft: dict[int, int] = {}
         self.until_explore = EXPLORE_EVERY
-        self.caught_up: set[int] = set()  # requests whose first proposal is behind them
+        self.last_rows = 1  # the last all-decode step's rows (what `describe` reports the costs at)
 
     # -- what the engine reports ---------------------------------------------------------------
     def observe_step(self, rows: int, seconds: float, all_decode: bool) -> None:
         if all_decode and rows > 0:
-            self.step_time.add(rows, seconds)
+            self.step_times.add(rows, seconds)
+            self.last_rows = rows
 
-    def observe_drafting(self, request_id: int, tokens: int, seconds: float) -> None:
-        """One request's proposal: a cost per call (catching up on the tokens verified since, the
-        Python around it) and one per draft step. Its first proposal is left out: the drafter
-        reads the whole prompt then (EAGLE runs its head over it)."""
-        if request_id not in self.caught_up:
-            self.caught_up.add(request_id)
-            return
+    def observe_drafting(self, tokens: int, seconds: float, read: int = 0) -> None:
+        """One proposal: `tokens` draft steps after catching up on `read` positions."""
         if tokens > 0:
-            self.draft_time.add(tokens, seconds)
+            self.draft_time.add((tokens, read), seconds)
 
     def record(self, request_id: int, drafted: int, accepted: int) -> None:
         self.per_request.setdefault(request_id, Acceptance()).record(drafted, accepted)
@@ -120,49 +237,53 @@ class CostModelPolicy:
             del self.per_request[rid]
         for rid in set(self.steps_since_draft) - alive:
             del self.steps_since_draft[rid]
-        self.caught_up &= alive
 
     # -- the choice ----------------------------------------------------------------------------
     def verify_cost(self, other_rows: int):
         """A step's seconds as a function of one request's rows (a tree's verify width), the
         step's other rows fixed; None until the costs are measured."""
-        costs = self.costs()
+        costs = self.costs(other_rows + 1, other_rows + 1 + DRAFT_ROOM)
         if costs is None:
             return None
-        fixed, per_row = costs[0], costs[1]
-        return lambda width: fixed + per_row * (other_rows + width)
+        return lambda width: costs.step + costs.per_row * (width - 1)
 
-    def costs(self) -> tuple[float, float, float, float] | None:
-        """(fixed seconds of a step, seconds per row, per proposal, per draft token), once measured."""
-        fit = self.step_time.slope_intercept()
-        if fit is None or self.step_time.seen < WARM_UP_STEPS or self.draft_time.seen == 0:
+    def costs(self, rows: int, widest: int = 0) -> Costs | None:
+        """The costs at a step of `rows` rows that drafts may widen to `widest`, once measured."""
+        fit = self.draft_time.coefficients()
+        if self.step_times.seen < WARM_UP_STEPS or self.draft_time.seen < WARM_UP_PROPOSALS:
             return None
-        per_row, fixed = fit
-        drafting = self.draft_time.slope_intercept()
-        if drafting is None:  # every proposal drafted as many tokens: no split to see, all per token
-            return fixed, per_row, 0.0, self.draft_time.sy / self.draft_time.sx
-        per_draft, per_call = drafting
-        return fixed, per_row, per_call, per_draft
+        per_call, per_draft, per_read = fit
+        return Costs(self.step_times.at(rows), self.step_times.per_row(rows, widest), per_call, per_read, per_draft)
 
-    def lengths(self, limits: dict[int, int], other_rows: int = 0) -> dict[int, int]:
+    def lengths(self, limits: dict[int, int], other_rows: int = 0, reads: dict[int, int] | None = None) -> dict[int, int]:
         """Draft length per request id, each at most its limit. `limits`: the requests that may
         draft this step (decoding, caught up), with the most each may draft; `other_rows`: rows
-        the step runs besides one per such request."""
-        costs = self.costs()
-        if costs is None:
-            return dict(limits)
-        fixed, per_row, per_call, per_draft = costs
-        tokens, seconds = float(len(limits)), fixed + per_row * (len(limits) + other_rows)
+        the step runs besides one per such request; `reads`: positions each request's drafter
+        would catch up on first."""
+        rows, reads = len(limits) + other_rows, reads or {}
+        self.everyone.age(PRIOR_FORGET)
+        for rid in limits:
+            if rid in self.per_request:
+                self.per_request[rid].age(ACCEPT_FORGET)
+        costs = self.costs(rows, rows + sum(limits.values()))
+        if costs is None:  # warming up: one request drafts (the same one) until proposals are timed
+            first = min((rid for rid, k in limits.items() if k > 0), default=None)
+            if self.draft_time.seen >= WARM_UP_PROPOSALS:
+                first = None  # then none, until the steps are
+            return {rid: (k if rid == first else 0) for rid, k in limits.items()}
+        call = {rid: costs.per_call + costs.per_read * reads.get(rid, 0) / CATCH_UP_STEPS for rid in limits}
+        per_token = costs.per_row + costs.per_draft
+        tokens, seconds = float(len(limits)), costs.step
         chosen = {rid: 0 for rid in limits}
         reach = {rid: 1.0 for rid in limits}  # probability that every draft so far was kept
         while True:
             best = None  # (gain per second, request, drafts added, gain, seconds, reach after)
             for rid, k in chosen.items():
                 # a request not drafting yet pays for the call once: weigh its first m drafts together
-                gain, cost, r = 0.0, per_call if k == 0 else 0.0, reach[rid]
+                gain, cost, r = 0.0, call[rid] if k == 0 else 0.0, reach[rid]
                 for m in range(1, (limits[rid] - k if k == 0 else min(1, limits[rid] - k)) + 1):
                     r *= self._rate(rid, k + m - 1)
-                    gain, cost = gain + r, cost + per_row + per_draft
+                    gain, cost = gain + r, cost + per_token
                     if best is None or gain / cost > best[0]:
                         best = (gain / cost, rid, m, gain, cost, r)
             if best is None or best[3] * seconds <= tokens * best[4]:  # more drafts would slow the step
@@ -170,21 +291,33 @@ class CostModelPolicy:
             _, rid, m, gain, cost, reach[rid] = best
             chosen[rid] += m
             tokens, seconds = tokens + gain, seconds + cost
-        self._explore(chosen, limits, per_call + per_row + per_draft, seconds)
+        self._explore(chosen, limits, call, per_token, seconds, tokens)
         return chosen
 
-    def _explore(self, chosen: dict[int, int], limits: dict[int, int], cost: float, seconds: float) -> None:
-        """Every EXPLORE_EVERY steps, one request left without drafts (the one idle longest)
-        drafts a token, if that adds at most EXPLORE_BUDGET to those steps' time: its acceptance
-        stays measured, at a bounded price."""
+    def _explore(self, chosen: dict[int, int], limits: dict[int, int], call: dict[int, float], per_token: float,
+                 seconds: float, tokens: float) -> None:
+        """Every EXPLORE_EVERY steps, one request left without drafts (the one idle longest that
+        the budget buys a token for) drafts as many tokens as cost at most EXPLORE_BUDGET of those
+        steps' time beyond what they are expected to save: its acceptance, and what a wider step
+        costs, stay measured."""
         for rid in chosen:
             self.steps_since_draft[rid] = 0 if chosen[rid] else self.steps_since_draft.get(rid, 0) + 1
         self.until_explore -= 1
-        idle = [rid for rid in chosen if chosen[rid] == 0 and limits[rid] > 0]
-        if self.until_explore <= 0 and idle and cost <= EXPLORE_BUDGET * EXPLORE_EVERY * seconds:
-            rid = max(idle, key=lambda r: self.steps_since_draft[r])
-            chosen[rid], self.steps_since_draft[rid] = 1, 0
-            self.until_explore = EXPLORE_EVERY
+        if self.until_explore > 0 or not chosen:
+            return
+        budget, per_token_saved = EXPLORE_BUDGET * EXPLORE_EVERY * seconds, seconds / tokens
+        for rid in sorted((r for r in chosen if chosen[r] == 0 and limits[r] > 0),
+                          key=lambda r: -self.steps_since_draft[r]):
+            best, cost, gain, reach = 0, call[rid], 0.0, 1.0
+            for m in range(1, limits[rid] + 1):
+                reach *= self._rate(rid, m - 1)
+                cost, gain = cost + per_token, gain + reach
+                if cost - gain * per_token_saved <= budget:
+                    best = m
+            if best:
+                chosen[rid], self.steps_since_draft[rid] = best, 0
+                self.until_explore = EXPLORE_EVERY
+                return
 
     def _rate(self, rid: int, position: int) -> float:
         prior = self.everyone.rate(position, 0.5, 1.0)
@@ -192,8 +325,9 @@ class CostModelPolicy:
         return own.rate(position, prior, PRIOR_WEIGHT) if own else prior
 
     def describe(self) -> dict:
-        costs = self.costs()
-        names = ("step_fixed_ms", "per_row_ms", "per_proposal_ms", "per_draft_ms")
-        return {"measured": costs is not None, **({n: c * 1e3 for n, c in zip(names, costs)} if costs else {}),
+        costs = self.costs(self.last_rows)
+        return {"measured": costs is not None, "at_rows": self.last_rows,
+                **({f"{name}_ms": seconds * 1e3 for name, seconds in vars(costs).items()} if costs else {}),
+                "step_ms_by_rows": {round(r): round(t * 1e3, 2) for r, t, _ in self.step_times.curve()},
                 "acceptance_by_position": [round(self.everyone.rate(j, 0.0, 0.0), 3) if self.everyone.tried[j] else None
                                            for j in range(len(self.everyone.tried))]}

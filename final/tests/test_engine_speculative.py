@@ -225,17 +225,19 @@ def test_eagle3_in_the_batch_reads_the_tapped_layers_and_keeps_greedy_tokens(byt
     """An EAGLE-3 head reads three layers of the forward the engine runs: stage 01's model, the
     fused copy with the C one-call layers, and graph replays (the CPU's stand-in), where the
     taps come out of the captured step. Every position a request computed is observed as the
-    fused taps, and the greedy tokens stay the target's."""
+    fused taps (one fusion per step), and the greedy tokens stay the target's."""
     model = tiny_model("mqa_odd_heads")  # 3 layers: taps 0, 1 and 2
     source = random_eagle(model, kind=Eagle3Head)
-    seen = []
-    observe = source.observe
-    source.observe = lambda req, rows, start: (seen.append(rows.shape[-1]), observe(req, rows, start))
+    seen, observed = [], []
+    observe, features_of = source.observe, source.features_of
+    source.observe = lambda req, rows, start: (observed.append(rows.shape[-1]), observe(req, rows, start))
+    source.features_of = lambda hidden: (seen.append(source.tapped_model.tapped.shape[-1]), features_of(hidden))[1]
     config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12, **kernels)
     engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("eagle", 3), drafter=source)
     got = [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], GREEDY)]
     assert got == reference(model, byte_tok, GREEDY, "roomy")
     assert engine.spec_stats.proposed > 0 and set(seen) == {3 * model.config.hidden_size}
+    assert set(observed) == {model.config.hidden_size}
     assert engine.runner.model.tap_layers == (0, 1, 2)
     if kernels.get("cuda_graphs"):
         assert engine.graphed_steps > 0
@@ -262,6 +264,25 @@ def test_eagle_with_a_draft_vocabulary_keeps_greedy_tokens_and_reproduces_sample
     first, engine, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model, draft_vocab=vocab))
     second, _, _ = speculative(model, byte_tok, params, "roomy", drafter=random_eagle(model, draft_vocab=vocab))
     assert first == second and engine.spec_stats.proposed > 0
+
+
+def test_draft_vocabulary_logits_take_the_engines_c_product_and_equal_torchs(byte_tok):
+    """Where the engine runs the lm_head through stage 06's C product, so do the head's draft
+    rows (one thread in torch's `linear`, all cores in the C): the same logits, the same tokens."""
+    from course.s06_kernels_graphs.cpu.layer import layer_kernel_unavailable
+    if layer_kernel_unavailable():
+        pytest.skip(f"the C layer kernel does not build here: {layer_kernel_unavailable()}")
+    model = tiny_model("gqa_tied")
+    source = random_eagle(model, draft_vocab=torch.arange(0, 256, 3))
+    config = KernelEngineConfig(num_blocks=POOLS["tight"], block_size=4, max_num_seqs=4, max_num_batched_tokens=12,
+                                attention_backend="cpu", fused=True)
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("eagle", 3), drafter=source)
+    assert [o.token_ids for o in engine.generate([list(p) for p in PROMPTS], GREEDY)] == \
+        reference(model, byte_tok, GREEDY, "tight")
+    head = source.head
+    assert engine.spec_stats.proposed > 0 and head.vocab_product is not EagleHead.vocab_product
+    x, rows = torch.randn(3, model.config.hidden_size), head._draft_rows[1]
+    torch.testing.assert_close(head.vocab_product(x, rows), torch.nn.functional.linear(x, rows))
 
 
 def test_a_head_for_another_model_is_refused_clearly():

@@ -38,7 +38,8 @@ class Drafter(ABC):
 
     def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """What `observe` reads of the target's last forward, row for row: its final hidden
-        states (EAGLE-3 reads the outputs of three layers instead)."""
+        states (EAGLE-3: the outputs of three layers, fused by its head). One call serves every
+        row of a forward, so a batch pays for the fusion once, not once per request."""
         return hidden
 
     def observe(self, hidden: torch.Tensor, start: int) -> None:

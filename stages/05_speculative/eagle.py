@@ -58,6 +58,8 @@ class HeadMismatch(ValueError):
 class EagleHead(nn.Module):
     predicts_features = True  # trained to predict the target's next feature (SmoothL1) as well as its token
     tap_layers: tuple[int, ...] = ()  # target layers it reads besides the final hidden state (EAGLE-3)
+    # x [n, h] @ rows[V, h].T for the draft vocabulary's logits: an engine may put its own kernel here
+    vocab_product = staticmethod(torch.nn.functional.linear)
 
     def __init__(self, target_config: ModelConfig, draft_vocab: torch.Tensor | None = None):
         super().__init__()
@@ -112,7 +114,7 @@ class EagleHead(nn.Module):
         weight = target.lm_head.weight
         if self._draft_rows is None or self._draft_rows[0] is not weight:  # sliced once per target
             self._draft_rows = (weight, weight.detach()[self.draft_vocab].contiguous())
-        return torch.nn.functional.linear(self.readout(features), self._draft_rows[1]).float()
+        return self.vocab_product(self.readout(features), self._draft_rows[1]).float()
 
     def save(self, path: str | Path, meta: dict | None = None) -> None:
         tensors = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).detach().contiguous()
@@ -174,24 +176,24 @@ class EagleDrafter(Drafter):
         if head.tap_layers:  # the target's forward keeps the layers the head reads
             target.tap_layers = head.tap_layers
 
+    @torch.no_grad()  # an EAGLE-3 head fuses the taps here, once for all the forward's rows: no graph to keep
     def features_of(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.target.tapped if self.head.tap_layers else hidden
+        return self.head.input_features(self.target.tapped if self.head.tap_layers else hidden)
 
     def begin(self, seq: Sequence) -> None:
         self.generator.manual_seed(seq.sampler.seed + 1)  # not the acceptance draws' stream
         self.num_features = 0
 
-    @torch.no_grad()  # an EAGLE-3 head fuses the taps here: no graph to keep
-    def observe(self, hidden: torch.Tensor, start: int) -> None:
-        end = start + hidden.shape[0]
+    def observe(self, features: torch.Tensor, start: int) -> None:
+        end = start + features.shape[0]
         if self.features is None or end + DRAFT_ROOM > self.features.shape[0]:
             capacity = max(2 * end + DRAFT_ROOM, 256)
-            grown = hidden.new_zeros(capacity, self.head.config.hidden_size)
+            grown = features.new_zeros(capacity, self.head.config.hidden_size)
             if self.features is not None and start > 0:
                 grown[:start] = self.features[:start]
             self.features = grown
-            self.cache = KVCache(self.head.config, capacity, hidden.dtype, hidden.device)
-        self.features[start:end] = self.head.input_features(hidden)
+            self.cache = KVCache(self.head.config, capacity, features.dtype, features.device)
+        self.features[start:end] = features
         self.num_features = end
         # head entries at positions >= start were built on guesses, on tokens now replaced, or
         # (start == 0) on another request

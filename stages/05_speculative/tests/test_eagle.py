@@ -179,12 +179,13 @@ def test_eagle3_reads_the_outputs_of_its_three_layers(byte_tok):
     finally:
         for hook in hooks:
             hook.remove()
-    taps = drafter.features_of(hidden)
-    torch.testing.assert_close(taps, torch.cat([seen[0], seen[2]], dim=-1))
-    drafter.begin(Sequence(PROMPT, GREEDY, byte_tok))
-    drafter.observe(taps, start=0)
+    torch.testing.assert_close(model.model.tapped, torch.cat([seen[0], seen[2]], dim=-1))
+    features = drafter.features_of(hidden)
     with torch.no_grad():
-        torch.testing.assert_close(drafter.features[:len(PROMPT)], head.input_features(taps))
+        torch.testing.assert_close(features, head.input_features(torch.cat([seen[0], seen[2]], dim=-1)))
+    drafter.begin(Sequence(PROMPT, GREEDY, byte_tok))
+    drafter.observe(features, start=0)
+    torch.testing.assert_close(drafter.features[:len(PROMPT)], features)
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
