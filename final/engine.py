@@ -153,7 +153,9 @@ class Engine(LLMEngine):
             requests[req.request_id] = req
         reads = {rid: self.source.catch_up(req) for rid, req in requests.items()}  # positions to read first
         if self.draft_policy is not None:
-            limits = self.draft_policy.lengths(limits, len(self.scheduler.running) - len(limits), reads)
+            others = self.other_rows(requests)
+            limits = self.draft_policy.lengths(limits, others, reads,
+                                               room=self.config.max_num_batched_tokens - len(limits) - others)
         for rid, k in limits.items():
             if k > 0:
                 req, started = requests[rid], time.perf_counter()
@@ -166,6 +168,14 @@ class Engine(LLMEngine):
                 if tokens:
                     self.drafts[rid] = tokens
                     self.draft_probs[rid] = draft.probs
+
+    def other_rows(self, drafting: dict) -> int:
+        """Rows the step will run besides one per request that may draft: the other requests'
+        uncomputed tokens (prefill chunks; waiting prompts may join), up to the step's token
+        budget. A step busy with prefill has no cheap rows to spare for drafts."""
+        others = sum(r.num_uncomputed for r in self.scheduler.running if r.request_id not in drafting)
+        others += sum(r.num_uncomputed for r in self.scheduler.waiting)
+        return min(others, max(self.config.max_num_batched_tokens - len(drafting), 0))
 
     def _trees(self, chunks) -> dict | None:
         return self.trees.layouts(chunks, self.drafts) if self.trees is not None else None

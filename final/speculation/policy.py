@@ -205,6 +205,15 @@ class Acceptance:
         return (kept + weight * prior) / (tried + weight)
 
 
+def _within(limits: dict[int, int], room: int) -> dict[int, int]:
+    """Each request's limit cut so that all of them together fit `room` (earlier requests first)."""
+    out = {}
+    for rid, k in limits.items():
+        out[rid] = min(k, room)
+        room -= out[rid]
+    return out
+
+
 class CostModelPolicy:
     """Chooses each request's draft length per step (see the module's docstring)."""
 
@@ -255,12 +264,17 @@ class CostModelPolicy:
         per_call, per_draft, per_read = fit
         return Costs(self.step_times.at(rows), self.step_times.per_row(rows, widest), per_call, per_read, per_draft)
 
-    def lengths(self, limits: dict[int, int], other_rows: int = 0, reads: dict[int, int] | None = None) -> dict[int, int]:
+    def lengths(self, limits: dict[int, int], other_rows: int = 0, reads: dict[int, int] | None = None,
+                room: int | None = None) -> dict[int, int]:
         """Draft length per request id, each at most its limit. `limits`: the requests that may
         draft this step (decoding, caught up), with the most each may draft; `other_rows`: rows
-        the step runs besides one per such request; `reads`: positions each request's drafter
-        would catch up on first."""
+        the step runs besides one per such request (other decodes, prefill chunks: each counts
+        as a row of work done, so a step busy with prefill has a high rate for drafts to beat);
+        `reads`: positions each request's drafter would catch up on first; `room`: rows the
+        step's token budget has left (a draft past it would push a prompt's chunk out)."""
         rows, reads = len(limits) + other_rows, reads or {}
+        if room is not None:
+            limits = _within(limits, room)
         self.everyone.age(PRIOR_FORGET)
         for rid in limits:
             if rid in self.per_request:
@@ -273,7 +287,7 @@ class CostModelPolicy:
             return {rid: (k if rid == first else 0) for rid, k in limits.items()}
         call = {rid: costs.per_call + costs.per_read * reads.get(rid, 0) / CATCH_UP_STEPS for rid in limits}
         per_token = costs.per_row + costs.per_draft
-        tokens, seconds = float(len(limits)), costs.step
+        tokens, seconds = float(rows), costs.step
         chosen = {rid: 0 for rid in limits}
         reach = {rid: 1.0 for rid in limits}  # probability that every draft so far was kept
         while True:

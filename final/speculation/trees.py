@@ -42,7 +42,7 @@ class TreeDrafting:
         engine = self.engine
         nodes = min(self.max_nodes, engine.max_model_len - req.num_tokens)  # its rows' K/V slots must fit
         policy = engine.draft_policy
-        cost = policy.verify_cost(len(engine.scheduler.running) - 1) if policy is not None else None
+        cost = policy.verify_cost(engine.other_rows({req.request_id: req})) if policy is not None else None
         tree = engine.source.propose_tree(req, depth, nodes, cost)
         if len(tree):
             self.drafted[req.request_id] = tree

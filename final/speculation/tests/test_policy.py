@@ -2,6 +2,8 @@
 in its rows: narrow steps are memory-bound, wide ones compute-bound), it drafts deep where a
 draft pays and not at all where it cannot, follows each request's own acceptance, keeps
 measuring at a bounded price, and inside the engine never changes a greedy token."""
+from collections import defaultdict
+
 import pytest
 
 from course.final.engine import Engine, SpeculativeConfig
@@ -197,3 +199,30 @@ def test_a_request_whose_drafts_missed_is_tried_again_once_its_misses_have_aged(
     chosen = [policy.lengths({7: 2})[7] for _ in range(60)]
     first = next((i for i, k in enumerate(chosen) if k), None)
     assert chosen[0] == 0 and first is not None
+
+
+def test_the_engine_counts_a_prefill_chunk_among_the_steps_rows(byte_tok):
+    """A step that also prefills a long prompt is as wide as its chunk: the policy is told those
+    rows (up to the token budget), not one row per prefilling request, and no room is left for
+    drafts that would push the chunk out."""
+    model = tiny_model("gqa_tied")
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
+    engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 2),
+                    drafter=OracleDrafter(defaultdict(list), wrong_every=1))  # drafts nothing
+    engine.draft_policy = policy = measured()
+    told, lengths = [], policy.lengths
+    policy.lengths = lambda limits, other_rows=0, reads=None, room=None: (
+        told.append((len(limits), other_rows, room)), lengths(limits, other_rows, reads, room))[1]
+    engine.add_request(list(b"hi"), GREEDY)
+    engine.step()  # its prefill
+    engine.add_request(list(b"a long prompt of forty bytes, chunked..."), GREEDY)
+    for _ in range(3):
+        engine.step()
+    assert (1, 11, 0) in told  # one decoding request beside a chunk that fills the other 11 rows of 12
+
+
+def test_drafts_fit_the_room_the_budget_leaves():
+    policy = measured(rates=[(4, 4)] * 20)  # every draft kept: each request would draft 4
+    assert policy.lengths({1: 4, 2: 4}) == {1: 4, 2: 4}
+    assert policy.lengths({1: 4, 2: 4}, room=5) == {1: 4, 2: 1}
+    assert policy.lengths({1: 4, 2: 4}, room=0) == {1: 0, 2: 0}
