@@ -6,8 +6,11 @@ part (the drafter catching up on what was verified since). It pays only when it 
 the i-th draft of a request is accepted only if drafts 1..i-1 were. So the i-th draft of
 request r is worth g(r, i) = a(r, 1) x ... x a(r, i) expected tokens, where a(r, j) is how
 often r's j-th draft is kept once the ones before it were, and it costs c = (verify row) +
-(draft step) seconds. A step that emits N tokens in T seconds gets faster from one more draft
-exactly when g / c > N / T. The policy adds the most valuable drafts first while that holds:
+(draft step) seconds. A step that does N rows of work in T seconds (a token for each decoding
+request; a prefill row, which the server owes anyway, counts as one) gets more done per second
+from one more draft exactly when g / c > N / T. Drafts only fill the room the step's token
+budget leaves: one that pushed a prompt's chunk out would trade a prompt's wait for a guess.
+The policy adds the most valuable drafts first while that holds:
 a lone request on a memory-bound step drafts deep; a wide batch, where a row is no longer
 nearly free, or a request whose drafts keep missing, drafts little or nothing. vLLM and SGLang
 switch speculation off above a fixed batch size; this uses what each request is actually
@@ -40,10 +43,10 @@ as add at most EXPLORE_BUDGET to those steps' time net of what they are expected
 acceptance and the cost of wider steps stay measured (a drafter that starts guessing well, as a
 reply turns to quoting its prompt, gets its drafts back). On a lone request a draft nearly pays
 for itself, so a request whose drafts missed for a while is retried; in a wide batch a draft
-costs a row's share of the products, so it seldom is. To start, one request at a time drafts up to k until WARM_UP_PROPOSALS
-proposals are timed, then nothing is drafted until WARM_UP_STEPS all-decode steps are: a lone
-request drafts as it would anyway, and a wide batch pays for a few rows, never for a draft in
-every request.
+costs a row's share of the products, so it seldom is. To start, one request at a time drafts
+up to k until WARM_UP_PROPOSALS proposals are timed, then nothing is drafted until
+WARM_UP_STEPS all-decode steps are: a lone request drafts as it would anyway, and a wide batch
+pays for a few rows, never for a draft in every request.
 """
 from __future__ import annotations
 
