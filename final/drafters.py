@@ -17,7 +17,6 @@ from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.prompt_lookup import PromptLookupDrafter
 from course.s05_speculative.tree import Tree
-from course.s06_kernels_graphs.cpu.layer import product
 
 
 class DraftSource:
@@ -61,7 +60,7 @@ class EagleSource(DraftSource):
         our 2-core CPU; the C product ~0.4 ms), and a chain pays it once per draft token."""
         kernels = getattr(engine_model, "layer_kernels", None)
         if getattr(kernels, "head", None) is not None and self.head.draft_vocab is not None:
-            self.head.vocab_product = lambda x, rows: product(x.reshape(-1, x.shape[-1]), rows)
+            self.head.vocab_product = kernels.product
 
     def tap(self, engine_model) -> None:
         """Ask the model the engine runs (stage 06's fused copy, say) for the head's layers."""

@@ -149,6 +149,12 @@ class CpuLayers:
             return None
         return product(hidden, *self.head)
 
+    @staticmethod
+    def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """x [m, k] @ weight[n, k].T for another float32 weight the engine multiplies by (an
+        EAGLE head's draft rows): the lm_head's kernel, on every core."""
+        return product(x, weight)
+
 
 class LayerCalls:
     """One forward's setup for the one-call layers: the step's metadata as pointers, and the
