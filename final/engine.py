@@ -26,6 +26,7 @@ their rows attend along their own paths, and the accepted path's K/V move next t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -151,8 +152,9 @@ class Engine(LLMEngine):
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             limits[req.request_id] = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit
             requests[req.request_id] = req
-        reads = {rid: self.source.catch_up(req) for rid, req in requests.items()}  # positions to read first
+        reads = {}  # positions each drafter reads before it drafts (what the policy charges for them)
         if self.draft_policy is not None:
+            reads = {rid: self.source.catch_up(req) for rid, req in requests.items()}
             others = self.other_rows(requests)
             limits = self.draft_policy.lengths(limits, others, reads,
                                                room=self.config.max_num_batched_tokens - len(limits) - others)
@@ -163,7 +165,7 @@ class Engine(LLMEngine):
                 draft = Draft(tree.tokens) if tree is not None else self.source.propose(req, k)
                 if self.draft_policy is not None:  # what a draft step (a tree's: a level) costs on this machine
                     steps = len(draft.tokens) if tree is None else max(tree.depths, default=0)
-                    self.draft_policy.observe_drafting(steps, time.perf_counter() - started, reads[rid])
+                    self.draft_policy.observe_drafting(steps, time.perf_counter() - started, reads.get(rid, 0))
                 tokens = self._grammar_prefix(req, list(draft.tokens))
                 if tokens:
                     self.drafts[rid] = tokens
@@ -173,9 +175,13 @@ class Engine(LLMEngine):
         """Rows the step will run besides one per request that may draft: the other requests'
         uncomputed tokens (prefill chunks; waiting prompts may join), up to the step's token
         budget. A step busy with prefill has no cheap rows to spare for drafts."""
-        others = sum(r.num_uncomputed for r in self.scheduler.running if r.request_id not in drafting)
-        others += sum(r.num_uncomputed for r in self.scheduler.waiting)
-        return min(others, max(self.config.max_num_batched_tokens - len(drafting), 0))
+        cap, others = max(self.config.max_num_batched_tokens - len(drafting), 0), 0
+        for req in itertools.chain(self.scheduler.running, self.scheduler.waiting):
+            if req.request_id not in drafting:
+                others += req.num_uncomputed
+                if others >= cap:
+                    return cap
+        return others
 
     def _trees(self, chunks) -> dict | None:
         return self.trees.layouts(chunks, self.drafts) if self.trees is not None else None
