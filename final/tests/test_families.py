@@ -39,21 +39,15 @@ def test_families_a_hybrid_model_speculates_with_its_state_rolled_back(byte_tok)
     """Qwen3-Next with drafts wrong at varied positions (so each verification accepts a different
     prefix): the recurrent state resumes after the accepted rows, and the greedy ids equal a run
     without speculation; a tree is refused by name."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from course.final.engine import Engine, SpeculativeConfig
-    from course.s01_decode_loop.families.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM, tiny_config
+    from course.s01_decode_loop.families.testing import family_model
     from course.s01_decode_loop.generate import generate_naive
     from course.s01_decode_loop.sampling import SamplingParams
     from course.s04_continuous_batching.hybrid.engine import HybridStates
     from course.s05_speculative.drafter import Draft, Drafter
     from course.s06_kernels_graphs.engine import KernelEngineConfig
 
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(tiny_config()).eval()
-    model = Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(hf.config))
-    model.load_state_dict(hf.state_dict())
+    model = family_model("qwen3_next")
     greedy = SamplingParams(max_new_tokens=14, temperature=0.0, ignore_eos=True)
     prompts = [list(range(30, 52)), [5, 6, 7], list(range(60, 75))]
     truth = {tuple(p): generate_naive(model.eval(), byte_tok, p, greedy).token_ids for p in prompts}

@@ -1,13 +1,9 @@
 """Gemma 3 and gpt-oss (stage 01's families/: interleaved sliding and full layers, sinks) in the
 batched engine: chunked prefill and preemption, the same greedy ids as stage 01's recompute.
 (Qwen3-Next, whose layers keep a state, runs through hybrid/: its own tests.)"""
-import importlib
-
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
-from course.s01_decode_loop.families import FAMILIES, family_classes
+from course.s01_decode_loop.families.testing import family_model
 from course.s01_decode_loop.generate import generate_naive
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
@@ -20,13 +16,8 @@ PARAMS = [SamplingParams(max_new_tokens=m, temperature=0.0, ignore_eos=True) for
 @pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss"])
 @pytest.mark.parametrize("num_blocks", [64, 20], ids=["roomy", "preempting"])
 def test_families_batched_equal_stage01(byte_tok, model_type, num_blocks):
-    module = importlib.import_module(f"course.s01_decode_loop.families.{FAMILIES[model_type][0]}")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(module.tiny_config()).eval()
-    config_class, model_class = family_classes(model_type)
-    model = model_class(config_class.from_hf(hf.config))
-    model.load_state_dict(hf.state_dict())
-    engine = LLMEngine(model.eval(), byte_tok, EngineConfig(num_blocks=num_blocks, block_size=4,
+    model = family_model(model_type)
+    engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=num_blocks, block_size=4,
                                                             max_num_batched_tokens=32))
     outs = engine.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == [generate_naive(model, byte_tok, p, sp).token_ids

@@ -8,15 +8,12 @@ batches over pools whose unowned slots are NaN. Split-K decode must count a sink
 the number of splits, even when split 0 (which adds it) holds no key of the window. The backend
 serves a tiny gpt-oss through both kernel sets, eager and graphed, and must give the torch backend's
 logits and greedy ids."""
-import importlib
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from course.s01_decode_loop.attention import causal_attention
-from course.s01_decode_loop.families import FAMILIES, family_classes
 from course.s01_decode_loop.families.gpt_oss import GptOssMLP
+from course.s01_decode_loop.families.testing import family_model
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS
 from course.s06_kernels_graphs import gpu, mixed_graphs
@@ -121,12 +118,7 @@ def gpt_oss():
     8 and full), seeded random weights, loaded into stage 01's model. Its sinks start within 0.04
     of 0; they are set far apart, per head and layer, so that a sink read for the wrong head, left
     out, counted twice or taken in the wrong units changes the logits."""
-    module = importlib.import_module(f"course.s01_decode_loop.families.{FAMILIES['gpt_oss'][0]}")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(module.tiny_config()).eval()
-    config_class, model_class = family_classes("gpt_oss")
-    model = model_class(config_class.from_hf(hf.config))
-    model.load_state_dict(hf.state_dict())
+    model = family_model("gpt_oss")
     with torch.no_grad():
         for i, layer in enumerate(model.model.layers):
             layer.self_attn.sinks.copy_(torch.tensor([3.0, -2.0, 0.5, 5.0]).roll(i))

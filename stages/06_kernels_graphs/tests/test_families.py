@@ -1,12 +1,10 @@
 """Models beyond full attention through stage 06's engine, on every backend: greedy ids equal
 stage 01's whole recompute (which equals transformers) for prompts longer than the windows."""
-import importlib
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from course.s01_decode_loop.families import FAMILIES, family_classes
+from course.s01_decode_loop.families.testing import family_model
 from course.s01_decode_loop.generate import generate_naive
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, windowed_model
@@ -22,16 +20,6 @@ GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0, ignore_eos=True)
 
 class HybridEngine(HybridStates, LLMEngine):
     pass
-
-
-def family_model(model_type: str):
-    module = importlib.import_module(f"course.s01_decode_loop.families.{FAMILIES[model_type][0]}")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(module.tiny_config()).eval()
-    config_class, model_class = family_classes(model_type)
-    model = model_class(config_class.from_hf(hf.config))
-    model.load_state_dict(hf.state_dict())
-    return model.eval()
 
 
 def served(model, byte_tok, **options):

@@ -3,9 +3,8 @@ the same tokens as stage 01's whole-sequence recompute through chunked prefill, 
 preemption, and prefix caching that resumes the recurrent state from a snapshot."""
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from course.s01_decode_loop.families.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM, tiny_config
+from course.s01_decode_loop.families.testing import family_model
 from course.s01_decode_loop.generate import generate_naive
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s04_continuous_batching.engine import EngineConfig, LLMEngine
@@ -21,11 +20,7 @@ class HybridEngine(HybridStates, LLMEngine):
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(tiny_config()).eval()
-    ours = Qwen3NextForCausalLM(Qwen3NextConfig.from_hf(hf.config))
-    ours.load_state_dict(hf.state_dict())
-    return ours.eval()
+    return family_model("qwen3_next")
 
 
 def greedy(n):

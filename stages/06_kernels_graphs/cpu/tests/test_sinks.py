@@ -4,14 +4,12 @@ stage 01's causal_attention, in every build the C has; then gpt-oss through the 
 the torch backend, step by step and through the engine."""
 import copy
 import ctypes
-import importlib
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from course.s01_decode_loop.attention import causal_attention
-from course.s01_decode_loop.families import FAMILIES, family_classes
+from course.s01_decode_loop.families.testing import family_model
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS
 from course.s03_paged.paged_attention import PagedKVCache
@@ -151,16 +149,9 @@ def test_sinks_of_another_dtype_or_infinite_are_read_right_and_a_wrong_length_is
             paged_attention_rows(case.q, case.k_cache, case.v_cache, tables, *rows, sinks=wrong)
 
 
-# gpt-oss: stage 01's tiny config (4 layers alternating a window of 8 and full attention), built as
-# stages/06_kernels_graphs/tests/test_families.py builds it: transformers' seeded model, its weights
+# gpt-oss: stage 01's tiny config (4 layers alternating a window of 8 and full attention)
 def gpt_oss_model():
-    module = importlib.import_module(f"course.s01_decode_loop.families.{FAMILIES['gpt_oss'][0]}")
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(module.tiny_config()).eval()
-    config_class, model_class = family_classes("gpt_oss")
-    model = model_class(config_class.from_hf(hf.config))
-    model.load_state_dict(hf.state_dict())
-    return model.eval()
+    return family_model("gpt_oss")
 
 
 def without_sinks(model):
