@@ -18,7 +18,7 @@ from course.s01_decode_loop.weights import ModelLoadError
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 
 from .comm import torchrun_rank
-from .launch import TensorParallel, TPSpec, run_rank
+from .launch import TensorParallel, TPSpec, exit_now, run_rank
 from .sharding import check_divisible
 
 
@@ -57,4 +57,6 @@ def run_tensor_parallel(args, resolve_model_dir) -> int:
         outputs = engine.generate(ids, params)
     for prompt, out in zip(prompts, outputs):
         print(json.dumps(out.to_json(prompt)) if args.json else f"--- {prompt!r}\n{out.text}\n", flush=True)
+    if torchrun_rank() == 0:  # torchrun's rank 0 has left the group: end as the followers do
+        exit_now(0)
     return 0

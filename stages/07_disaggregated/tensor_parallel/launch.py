@@ -74,13 +74,18 @@ def run_rank(spec: TPSpec, rank: int) -> None:
     except Exception as e:  # rank 0 went away, or a collective timed out: nothing left to follow
         print(f"tensor parallel rank {rank}: {first_line(e)}", file=sys.stderr, flush=True)
         os._exit(1)  # a broken group cannot be left politely (destroy would wait on the dead peer)
-    # Told to stop: leave the group, then end without the interpreter's teardown, which can destroy
-    # gloo's still-running C++ threads and abort the process ("terminate called without an active
-    # exception") after the work is done.
+    # Told to stop: leave the group, then end.
     comm.leave()
+    exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """End this process without the interpreter's teardown, which can destroy gloo's still-running
+    C++ threads and abort the process ("terminate called without an active exception") after
+    the work is done; what it printed is flushed first."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _exit_with_parent(parent: int) -> None:
