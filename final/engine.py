@@ -16,7 +16,10 @@ ends the request there. A request's grammar (a `response_format`) first cuts its
 first token it forbids, then masks every verified row, and its matcher rolls back to what was
 kept; its masks are filled on a worker thread while the forward runs (mask_prefetch.py).
 Requests that ask for logprobs are not speculated (emitted drafts have none), nor those added
-with `speculative=False` (they decode plainly beside drafted neighbours). Both per-request
+with `speculative=False` (they decode plainly beside drafted neighbours), nor, under a draft
+policy, seeded sampled ones: rejection sampling draws one number per verified draft, so a
+request's tokens follow how many drafts it was given, and a policy gives them by the load; a
+seed should mean the same tokens alone as in a crowd. Both per-request
 options, the switch and the grammar, ride on the request itself (`ServedRequest`).
 Drafters: prompt lookup, or EAGLE with one feature store and head cache per request
 (drafters.py), fed every chunk's hidden states and rolled back with the verification. With the
@@ -149,6 +152,8 @@ class Engine(LLMEngine):
             seq = req.seq
             if req.num_uncomputed != 1 or seq.params.logprobs is not None or not req.speculative:
                 continue  # prefilling, asking for logprobs (emitted drafts have none), or opted out
+            if self.draft_policy is not None and seq.params.seed is not None and not seq.params.greedy:
+                continue  # seeded sampling: its draws follow its drafts, which the policy sizes by the load
             room = min(seq.params.max_new_tokens - len(seq.output_ids), self.max_model_len - req.num_tokens)
             limits[req.request_id] = min(self.speculative.num_speculative_tokens, room - 1)  # verified rows must fit
             requests[req.request_id] = req

@@ -74,7 +74,9 @@ def run(args: argparse.Namespace) -> dict:
         name, _, flags = system.partition("|")
         llm = engine_for(flags)
         prompts = [encode_prompt(llm.tokenizer, p, chat=True) for p in heldout_prompts(llm.tokenizer, args.prompts)]
-        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature, seed=1)
+        # sampled: unseeded, as the cost policy decodes a seeded sampled request plainly (engine.py)
+        params = SamplingParams(max_new_tokens=args.max_tokens, temperature=args.temperature,
+                                seed=1 if args.temperature == 0 else None)
         row = {"name": name, "flags": flags} | serve_one_at_a_time(llm, prompts, params)
         first = first or row
         row["vs_first"] = row["tok_s"] / first["tok_s"]

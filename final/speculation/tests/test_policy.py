@@ -10,6 +10,7 @@ from course.final.engine import Engine, SpeculativeConfig
 from course.final.speculation.policy import (CATCH_UP_STEPS, EXPLORE_EVERY, PRIOR_SHARE, WARM_UP_PROPOSALS, WARM_UP_STEPS,
                                              CostModelPolicy, LeastSquares, StepTimes)
 from course.final.tests.test_engine_speculative import PROMPTS, GREEDY, OracleDrafter, reference
+from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS, tiny_model
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
@@ -226,3 +227,28 @@ def test_drafts_fit_the_room_the_budget_leaves():
     assert policy.lengths({1: 4, 2: 4}) == {1: 4, 2: 4}
     assert policy.lengths({1: 4, 2: 4}, room=5) == {1: 4, 2: 1}
     assert policy.lengths({1: 4, 2: 4}, room=0) == {1: 0, 2: 0}
+
+
+def test_under_the_policy_a_seeded_sampled_request_is_not_drafted_and_reproduces_in_a_crowd(byte_tok):
+    """Its draws would follow the drafts the load gives it: it decodes plainly, and its tokens
+    alone equal its tokens beside three other requests; an unseeded sampled request still drafts."""
+    model = tiny_model("gqa_tied")
+    seeded = SamplingParams(max_new_tokens=12, temperature=0.8, seed=11, ignore_eos=True)
+    unseeded = SamplingParams(max_new_tokens=12, temperature=0.8, ignore_eos=True)
+
+    def run(crowd: int):
+        config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32)
+        engine = Engine(model, byte_tok, config, [TINY_EOS], SpeculativeConfig("lookup", 3),
+                        drafter=OracleDrafter(defaultdict(lambda: [7] * 16), wrong_every=2))
+        engine.draft_policy = measured(rates=[(3, 3)] * 20)  # drafts pay: every request would draft
+        ids = [engine.add_request(list(PROMPTS[0]), seeded)]
+        ids += [engine.add_request(list(p), unseeded) for p in PROMPTS[1:1 + crowd]]
+        drafted = set()
+        while engine.has_unfinished():
+            engine.step()
+            drafted |= set(engine.drafts)
+        return engine.requests[ids[0]].seq.output_ids, ids[0] in drafted, bool(drafted - {ids[0]})
+
+    alone, seeded_drafted, _ = run(0)
+    crowded, _, others_drafted = run(3)
+    assert alone == crowded and not seeded_drafted and others_drafted
