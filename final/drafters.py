@@ -55,12 +55,13 @@ class EagleSource(DraftSource):
 
     def use_engine_products(self, engine_model) -> None:
         """Where the engine multiplies by the lm_head with stage 06's C product (the cpu
-        backend's one-call layers), the head's draft-vocabulary logits use it too: torch's
-        `linear` runs a one-row product on one thread (1.2 ms for SmolLM2's 8k draft rows on
-        our 2-core CPU; the C product ~0.4 ms), and a chain pays it once per draft token."""
+        backend's one-call layers), the head's draft-vocabulary logits use it too, in int8 as a
+        draft's linears are: torch's `linear` runs a one-row product on one thread (1.2 ms for
+        SmolLM2's 8k draft rows on our 2-core CPU; the C product on int8 rows ~0.2 ms), and a
+        chain pays it once per draft token."""
         kernels = getattr(engine_model, "layer_kernels", None)
         if getattr(kernels, "head", None) is not None and self.head.draft_vocab is not None:
-            self.head.vocab_product = kernels.product
+            self.head.vocab_product = kernels.draft_product
 
     def tap(self, engine_model) -> None:
         """Ask the model the engine runs (stage 06's fused copy, say) for the head's layers."""

@@ -83,13 +83,13 @@ class Engine(LLMEngine):
                              f"{self.config.max_num_batched_tokens} tokens (a request verifies k drafts + 1 token); "
                              f"use fewer than {self.config.max_num_batched_tokens}")
         # EAGLE borrows the embedding of the model passed in and the lm_head the engine runs, and
-        # its own linears become what the engine's are (split over the cores, or int8: stage 06)
+        # its own linears become what the engine makes of a draft's (int8 on the CPU: stage 06)
         if isinstance(drafter, Drafter):
             drafter = DraftSource(drafter)
         target = BorrowedTarget(model, self.runner.model) if self.config.fused else model
         self.source = drafter or make_source(speculative.method, target, speculative.eagle_head)
         if isinstance(self.source, EagleSource):
-            self.source.head = self.prepare_module(self.source.head)
+            self.source.head = self.prepare_module(self.source.head, draft=True)
             self.source.use_engine_products(self.runner.model)
             self.source.tap(self.runner.model)  # before any graph is captured: the taps come out of it
         self.last_features = None  # the step's rows as the drafter reads them (source.features_of)

@@ -67,7 +67,9 @@ class KernelEngineConfig(EngineConfig):
 class Extension:
     """What a room adds to the engine while its options are set; each default changes nothing."""
 
-    def prepare_module(self, module: nn.Module) -> nn.Module:  # a model the engine runs: its linears (cpu/)
+    def prepare_module(self, module: nn.Module, draft: bool = False) -> nn.Module:  # its linears (cpu/)
+        """A model the engine runs; `draft`: one whose outputs are only guesses the target
+        verifies (an EAGLE head), which a room may store more coarsely."""
         return module
 
     def graph_runner(self, model, backend, **shape) -> GraphRunner | None:  # more kinds of step (mixed_graphs/)
@@ -125,11 +127,12 @@ class LLMEngine(BatchingEngine):
         made = {room: make(self) for room, make in EXTENSIONS.items()}
         return {room: extension for room, extension in made.items() if extension is not None}
 
-    def prepare_module(self, module: nn.Module) -> nn.Module:
-        """Apply to `module` (the fused model; an extra one, a draft head) what the registered
-        options do to the model's linears (the CPU room's split or int8); unchanged where none."""
+    def prepare_module(self, module: nn.Module, draft: bool = False) -> nn.Module:
+        """Apply to `module` (the fused model; an extra one, a draft head with `draft`) what the
+        registered options do to the model's linears (the CPU room's split or int8); unchanged
+        where none."""
         for extension in self.extensions.values():
-            module = extension.prepare_module(module)
+            module = extension.prepare_module(module, draft)
         return module
 
     @torch.no_grad()

@@ -31,7 +31,7 @@ from torch import nn
 
 from . import native
 from .attention import KV_KINDS
-from .int8_linear import Int8Linear
+from .int8_linear import Int8Linear, quantize_rows
 from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("layer.c")
@@ -129,6 +129,7 @@ class CpuLayers:
         first = model.layers[0]
         self.qkv_width, self.attn_width = (first.n_heads + 2 * first.n_kv) * first.d, first.n_heads * first.d
         self.scratch = None  # kept between steps: big steps would page-fault anew
+        self._draft_rows = None  # (float rows, their int8 codes, scales): draft_product's
 
     @classmethod
     def of(cls, model, backend) -> "CpuLayers | None":
@@ -149,11 +150,13 @@ class CpuLayers:
             return None
         return product(hidden, *self.head)
 
-    @staticmethod
-    def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x [m, k] @ weight[n, k].T for another float32 weight the engine multiplies by (an
-        EAGLE head's draft rows): the lm_head's kernel, on every core."""
-        return product(x, weight)
+    def draft_product(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """x [m, k] @ rows[n, k].T for a draft's float32 rows of the lm_head (an EAGLE head's
+        draft vocabulary): as int8 rows (quantized on first use, as a draft's linears are) on
+        every core; torch's `linear` would run it on one."""
+        if self._draft_rows is None or self._draft_rows[0] is not rows:
+            self._draft_rows = (rows, *quantize_rows(rows))
+        return product(x, *self._draft_rows[1:])
 
 
 class LayerCalls:

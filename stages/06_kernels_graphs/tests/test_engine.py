@@ -248,6 +248,20 @@ def test_prepare_module_gives_an_extra_module_the_targets_linears(byte_tok, opti
     assert [type(m).__name__ for m in (head[0], head[2], engine.runner.model.layers[0].qkv)] == [linear] * 3
 
 
+@pytest.mark.parametrize("options, linear", [({}, "Linear"), ({"linear_splits": 2}, "Int8Linear"),
+                                             ({"linear_splits": 2, "quantization": "int8"}, "Int8Linear")])
+def test_a_draft_module_gets_int8_linears_wherever_the_cpu_room_runs(byte_tok, options, linear):
+    """A draft head's outputs are guesses the target verifies: where the CPU room's linear options
+    are on, it stores a draft's linears in int8 even when the target's stay float32."""
+    engine = LLMEngine(tiny_model("gqa_tied"), byte_tok, KernelEngineConfig(num_blocks=8, fused=True, **options))
+    head = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    x = torch.randn(3, 64)
+    want = head(x)
+    assert engine.prepare_module(head, draft=True) is head
+    assert [type(m).__name__ for m in (head[0], head[2])] == [linear] * 2
+    assert (head(x) - want).abs().max() <= 0.05 * want.abs().max()  # int8's error: small, not zero
+
+
 def record_taps(engine, model, layers):
     """The layers `model` taps (EAGLE-3's drafter reads them), recorded after every step's forward."""
     model.tap_layers, steps, run = layers, [], engine._run
