@@ -161,23 +161,35 @@ class StepTimes:
         return PRIOR_SHARE * t / r
 
     def at(self, rows: int) -> float | None:
-        """Seconds of a step of `rows` rows: between two points on the line joining them, past
-        the ends from the nearest end by `per_row`."""
+        """Seconds of a step of `rows` rows (see `seconds`)."""
+        seconds = self.seconds(rows)
+        return seconds(rows) if seconds is not None else None
+
+    def seconds(self, rows: int, widest: int = 0):
+        """Step seconds as a function of its rows, for steps of `rows` that drafts may widen to
+        `widest`: between two points on the line joining them (so where the kernel's blocking
+        makes 3 rows cost what 1 does and 4 more, drafts see it), past the ends from the nearest
+        end by `per_row`. None: no point yet."""
         curve = self.curve()
         if not curve:
             return None
-        for (r0, t0, _), (r1, t1, _) in zip(curve, curve[1:]):
-            if r0 <= rows <= r1:
-                return t0 + (t1 - t0) * (rows - r0) / (r1 - r0) if r1 > r0 else t1
-        r, t, _ = curve[0] if rows < curve[0][0] else curve[-1]
-        return max(t + self.per_row(rows) * (rows - r), 0.0)
+        slope = self.per_row(rows, widest)
+
+        def at(r: float) -> float:
+            for (r0, t0, _), (r1, t1, _) in zip(curve, curve[1:]):
+                if r0 <= r <= r1:
+                    return t0 + (t1 - t0) * (r - r0) / (r1 - r0) if r1 > r0 else t1
+            r_end, t_end, _ = curve[0] if r < curve[0][0] else curve[-1]
+            return max(t_end + slope * (r - r_end), 0.0)
+        return at
 
 
 @dataclass
 class Costs:
     """What the policy weighs, in seconds."""
     step: float      # a step of this batch's rows, without drafts
-    per_row: float   # one more row in it (near this size)
+    per_row: float   # one more row in it (near this size: the slope of the points there)
+    step_at: object  # seconds of a step of r rows (StepTimes.seconds): what m more rows cost exactly
     per_call: float  # a proposal, whatever it drafts
     per_read: float  # a position the drafter catches up on before drafting
     per_draft: float  # a draft token
@@ -257,7 +269,7 @@ class CostModelPolicy:
         costs = self.costs(other_rows + 1, other_rows + 1 + DRAFT_ROOM)
         if costs is None:
             return None
-        return lambda width: costs.step + costs.per_row * (width - 1)
+        return lambda width: costs.step_at(other_rows + width)
 
     def costs(self, rows: int, widest: int = 0) -> Costs | None:
         """The costs at a step of `rows` rows that drafts may widen to `widest`, once measured."""
@@ -265,7 +277,8 @@ class CostModelPolicy:
         if self.step_times.seen < WARM_UP_STEPS or self.draft_time.seen < WARM_UP_PROPOSALS:
             return None
         per_call, per_draft, per_read = fit
-        return Costs(self.step_times.at(rows), self.step_times.per_row(rows, widest), per_call, per_read, per_draft)
+        step_at = self.step_times.seconds(rows, widest)
+        return Costs(step_at(rows), self.step_times.per_row(rows, widest), step_at, per_call, per_read, per_draft)
 
     def lengths(self, limits: dict[int, int], other_rows: int = 0, reads: dict[int, int] | None = None,
                 room: int | None = None) -> dict[int, int]:
@@ -289,26 +302,31 @@ class CostModelPolicy:
                 first = None  # then none, until the steps are
             return {rid: (k if rid == first else 0) for rid, k in limits.items()}
         call = {rid: costs.per_call + costs.per_read * reads.get(rid, 0) / CATCH_UP_STEPS for rid in limits}
-        per_token = costs.per_row + costs.per_draft
-        tokens, seconds = float(rows), costs.step
+        tokens, seconds, width = float(rows), costs.step, rows  # width: the step's rows with the drafts so far
         chosen = {rid: 0 for rid in limits}
         reach = {rid: 1.0 for rid in limits}  # probability that every draft so far was kept
+        most = max(limits.values(), default=0)
         while True:
-            best = None  # (gain per second, request, drafts added, gain, seconds, reach after)
+            # what m more rows add to this step, read off the measured curve at its width
+            extra = [costs.step_at(width + m) - costs.step_at(width) for m in range(most + 1)]
+            best = None  # (gain per second, request, drafts added, gain, seconds)
             for rid, k in chosen.items():
                 # a request not drafting yet pays for the call once: weigh its first m drafts together
-                gain, cost, r = 0.0, call[rid] if k == 0 else 0.0, reach[rid]
+                gain, r = 0.0, reach[rid]
                 for m in range(1, (limits[rid] - k if k == 0 else min(1, limits[rid] - k)) + 1):
                     r *= self._rate(rid, k + m - 1)
-                    gain, cost = gain + r, cost + per_token
+                    gain += r
+                    cost = max((call[rid] if k == 0 else 0.0) + m * costs.per_draft + extra[m], 1e-9)
                     if best is None or gain / cost > best[0]:
-                        best = (gain / cost, rid, m, gain, cost, r)
+                        best = (gain / cost, rid, m, gain, cost)
             if best is None or best[3] * seconds <= tokens * best[4]:  # more drafts would slow the step
                 break
-            _, rid, m, gain, cost, reach[rid] = best
+            _, rid, m, gain, cost = best
+            for j in range(chosen[rid], chosen[rid] + m):
+                reach[rid] *= self._rate(rid, j)
             chosen[rid] += m
-            tokens, seconds = tokens + gain, seconds + cost
-        self._explore(chosen, limits, call, per_token, seconds, tokens)
+            tokens, seconds, width = tokens + gain, seconds + cost, width + m
+        self._explore(chosen, limits, call, costs.per_row + costs.per_draft, seconds, tokens)
         return chosen
 
     def _explore(self, chosen: dict[int, int], limits: dict[int, int], call: dict[int, float], per_token: float,

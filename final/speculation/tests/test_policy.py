@@ -252,3 +252,17 @@ def test_under_the_policy_a_seeded_sampled_request_is_not_drafted_and_reproduces
     alone, seeded_drafted, _ = run(0)
     crowded, _, others_drafted = run(3)
     assert alone == crowded and not seeded_drafted and others_drafted
+
+
+def test_drafts_follow_the_measured_curve_where_rows_come_in_steps(monkeypatch):
+    """The C kernel multiplies rows in blocks: here 1 to 4 rows cost the same and a fifth adds
+    7 ms. Read off the curve, a lone request's first three drafts are nearly free and the fourth
+    is not (a straight line through the points would charge each row 1.4 ms and stop at two)."""
+    monkeypatch.setattr("course.final.speculation.policy.EXPLORE_BUDGET", 0.0)
+    policy = CostModelPolicy()
+    for rows, ms in [(1, 13.0), (2, 13.05), (3, 13.1), (4, 13.15), (5, 20.0)] * 3:
+        policy.observe_step(rows, ms / 1e3, all_decode=True)
+    for tokens in (1, 2, 3, 4) * 2:
+        policy.observe_drafting(tokens, 0.001 * tokens)
+    policy.everyone.tried, policy.everyone.kept = [1000.0] * 4, [600.0] * 4  # each draft kept 60% of the time
+    assert policy.lengths({1: 4}) == {1: 3}
