@@ -362,7 +362,8 @@ class CostModelPolicy:
     def describe(self) -> dict:
         costs = self.costs(self.last_rows)
         return {"measured": costs is not None, "at_rows": self.last_rows,
-                **({f"{name}_ms": seconds * 1e3 for name, seconds in vars(costs).items()} if costs else {}),
+                **({f"{name}_ms": seconds * 1e3 for name, seconds in vars(costs).items()
+                    if isinstance(seconds, float)} if costs else {}),
                 "step_ms_by_rows": {round(r): round(t * 1e3, 2) for r, t, _ in self.step_times.curve()},
                 "acceptance_by_position": [round(self.everyone.rate(j, 0.0, 0.0), 3) if self.everyone.tried[j] else None
                                            for j in range(len(self.everyone.tried))]}

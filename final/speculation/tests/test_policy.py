@@ -266,3 +266,6 @@ def test_drafts_follow_the_measured_curve_where_rows_come_in_steps(monkeypatch):
         policy.observe_drafting(tokens, 0.001 * tokens)
     policy.everyone.tried, policy.everyone.kept = [1000.0] * 4, [600.0] * 4  # each draft kept 60% of the time
     assert policy.lengths({1: 4}) == {1: 3}
+    described = policy.describe()  # what the engine's stats (and /metrics' readers) get
+    assert described["measured"] and described["step_ms_by_rows"][5] == pytest.approx(20.0)
+    assert described["per_draft_ms"] == pytest.approx(1.0, rel=0.05)
