@@ -68,9 +68,7 @@ class Extension:
     """What a room adds to the engine while its options are set; each default changes nothing."""
 
     def prepare_module(self, module: nn.Module, draft: bool = False) -> nn.Module:  # its linears (cpu/)
-        """A model the engine runs; `draft`: one whose outputs are only guesses the target
-        verifies (an EAGLE head), which a room may store more coarsely."""
-        return module
+        return module  # draft: only guesses the target verifies (an EAGLE head): may be stored coarser
 
     def graph_runner(self, model, backend, **shape) -> GraphRunner | None:  # more kinds of step (mixed_graphs/)
         return None
