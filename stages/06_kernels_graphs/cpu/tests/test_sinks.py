@@ -3,7 +3,6 @@
 stage 01's causal_attention, in every build the C has; then gpt-oss through the cpu backend against
 the torch backend, step by step and through the engine."""
 import copy
-import ctypes
 
 import pytest
 import torch
@@ -16,8 +15,6 @@ from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu
 from course.s06_kernels_graphs.bench.testing import (kernel_rows, make_paged_case, reference_attention, sequence_kv,
     stored_case)
-from course.s06_kernels_graphs.cpu import attention as cpu_attention
-from course.s06_kernels_graphs.cpu import native
 from course.s06_kernels_graphs.cpu.attention import paged_attention_rows
 from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend, tree_bits
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine, make_backend
@@ -25,18 +22,7 @@ from course.s06_kernels_graphs.model_runner import ModelRunner
 
 cpu.register()
 
-# the builds of attention.c (as test_windows.py): AVX-512, an AVX2 host's, no vector code at all
-BUILDS = {"avx512": [], "avx2": ["-mno-avx512f"], "plain": ["-mno-avx512f", "-mno-avx2", "-mno-f16c"]}
-
-
-@pytest.fixture(params=list(BUILDS))
-def build(request, monkeypatch):
-    """paged_attention_rows through attention.c compiled as the build names."""
-    if BUILDS[request.param]:
-        fn = native.load(cpu_attention.SOURCE, cpu_attention.FLAGS + BUILDS[request.param]).paged_attention_rows_f32
-        fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
-        monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
-    return request.param
+# `build` (conftest.py): each test runs through every build of attention.c
 
 
 def sinks_of(kind: str, heads: int) -> torch.Tensor:

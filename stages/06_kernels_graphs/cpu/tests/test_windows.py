@@ -3,7 +3,6 @@ tree's) against stage 01's causal_attention and the torch backend's tree SDPA, i
 C has (AVX-512, AVX2, plain loops), on every pool it reads; then the cpu backend, per op and in
 one-call layers, against the torch backend on a model whose layers slide."""
 import copy
-import ctypes
 
 import pytest
 import torch
@@ -14,9 +13,7 @@ from course.s03_paged.paged_attention import PagedKVCache
 from course.s06_kernels_graphs import cpu
 from course.s06_kernels_graphs.bench.testing import (kernel_rows, make_paged_case, reference_attention, sequence_kv,
     stored_case)
-from course.s06_kernels_graphs.cpu import attention as cpu_attention
 from course.s06_kernels_graphs.cpu import layer as cpu_layer
-from course.s06_kernels_graphs.cpu import native
 from course.s06_kernels_graphs.cpu.attention import paged_attention_rows
 from course.s06_kernels_graphs.cpu.backend import CpuPagedBackend, tree_bits
 from course.s06_kernels_graphs.cpu.layer import LayerCalls
@@ -28,19 +25,7 @@ from course.s06_kernels_graphs.model_runner import ModelRunner
 
 cpu.register()
 
-# the builds of attention.c: this CPU's (AVX-512), an AVX2 host's (plain score and value loops,
-# 8-wide dequantization), and one with no vector code of its own at all
-BUILDS = {"avx512": [], "avx2": ["-mno-avx512f"], "plain": ["-mno-avx512f", "-mno-avx2", "-mno-f16c"]}
-
-
-@pytest.fixture(params=list(BUILDS))
-def build(request, monkeypatch):
-    """paged_attention_rows through attention.c compiled as the build names."""
-    if BUILDS[request.param]:
-        fn = native.load(cpu_attention.SOURCE, cpu_attention.FLAGS + BUILDS[request.param]).paged_attention_rows_f32
-        fn.argtypes, fn.restype = cpu_attention._library().argtypes, ctypes.c_int64
-        monkeypatch.setattr(cpu_attention, "_library", lambda: fn)
-    return request.param
+# `build` (conftest.py): each test runs through every build of attention.c
 
 
 def poison_behind_windows(case, window):
