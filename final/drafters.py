@@ -16,7 +16,7 @@ from course.s04_continuous_batching.request import Request
 from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import DEFAULT_HEAD, EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.prompt_lookup import PromptLookupDrafter
-from course.s05_speculative.tree import Tree
+from course.s05_speculative.tree import Calibration, Tree
 
 
 class DraftSource:
@@ -51,6 +51,7 @@ class EagleSource(DraftSource):
     def __init__(self, head: EagleHead, target):
         self.head, self.target = head, target
         self.per_request: dict[int, EagleDrafter] = {}
+        self.calibration = Calibration()  # the head's tree chances against what verification kept, all requests
         self.tapped_model = None  # the model whose forward leaves the layers an EAGLE-3 head reads
 
     def use_engine_products(self, engine_model) -> None:
@@ -83,7 +84,7 @@ class EagleSource(DraftSource):
     def _drafter(self, req: Request) -> EagleDrafter:
         drafter = self.per_request.get(req.request_id)
         if drafter is None:
-            drafter = self.per_request[req.request_id] = EagleDrafter(self.head, self.target)
+            drafter = self.per_request[req.request_id] = EagleDrafter(self.head, self.target, self.calibration)
             drafter.begin(req.seq)
         return drafter
 

@@ -7,8 +7,9 @@ The target's greedy choice at each row walks the tree from the root (stage 05's
 `accept_greedy_path`); the accepted nodes' K/V then move to the slots right after the root, so
 the request's cache holds exactly its emitted tokens, as after a chain.
 
-How many nodes: the drafter keeps the best-scoring ones that pay for their verify
-(`tree_size`, with this step's cost of a row from the draft policy's fit), at most
+How many nodes: the drafter keeps the likeliest ones that pay for their verify
+(`tree_size`, with this step's cost of a row from the draft policy's fit, and the chances
+calibrated by what the engine's verified trees accepted: one `Calibration` for all requests), at most
 `--speculative-tree-nodes`; the scheduler may cut a tree to the step's budget, and since a
 parent always precedes its children, any prefix of the nodes is still a tree. Sampled requests,
 and requests with a grammar, penalties or logprobs, keep the chain.
@@ -54,7 +55,7 @@ class TreeDrafting:
         for b, (req, _) in enumerate(chunks):
             tree, kept = self.drafted.get(req.request_id), drafts.get(req.request_id)
             if tree is not None and kept:
-                self.drafted[req.request_id] = tree = first_nodes(tree, len(kept))
+                self.drafted[req.request_id] = tree = tree.first(len(kept))
                 trees[b] = layout(tree)
             else:
                 self.drafted.pop(req.request_id, None)
@@ -63,14 +64,11 @@ class TreeDrafting:
     def accept(self, req, start: int, choices: list[int]) -> tuple[list[int], list[int]]:
         """(tokens to emit, the chunk's rows that stay) from the target's greedy choice at each
         row; the accepted nodes' K/V are moved right after the root's."""
-        path, emitted = accept_greedy_path(self.drafted[req.request_id], choices)
+        tree = self.drafted[req.request_id]
+        path, emitted = accept_greedy_path(tree, choices)
+        self.engine.source.calibration.record(tree, path)
         move_accepted_kv(self.engine.cache, self.engine.blocks.tables[req.request_id], start, path)
         return emitted, [0] + [1 + i for i in path]
-
-
-def first_nodes(tree: Tree, n: int) -> Tree:
-    """The tree's first n nodes (a tree: parents come before their children)."""
-    return Tree(tree.tokens[:n], tree.parents[:n], tree.depths[:n])
 
 
 def layout(tree: Tree) -> tuple[list[int], torch.Tensor]:

@@ -14,7 +14,7 @@ from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 from course.s05_speculative.drafter import Draft, Drafter
 from course.s05_speculative.eagle import EagleHead
 from course.s05_speculative.eagle3 import Eagle3Head
-from course.s05_speculative.tree import Tree
+from course.s05_speculative.tree import Calibration, Tree
 from course.s06_kernels_graphs.engine import KernelEngineConfig
 
 SHARED = b"You are a helpful assistant. "
@@ -399,6 +399,7 @@ class TreeOracle(DraftSource):
     def __init__(self, truth: dict[tuple, list[int]]):
         super().__init__(None)
         self.truth, self.trees = truth, 0
+        self.calibration = Calibration()  # a tree source's: its trees carry no chances, so it stays empty
 
     def features_of(self, hidden):
         return hidden
@@ -438,6 +439,8 @@ def test_trees_in_the_batch_keep_every_greedy_token(byte_tok, pool, kernels):
         assert got == want
         assert engine.spec_stats.proposed > 0
         assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+        if source is not oracle:  # every verified tree calibrates the head's chances, for all requests
+            assert sum(source.calibration.predicted.values()) > 0
     assert oracle.trees > 0
     if pool == "tight":
         assert engine.stats()["preemptions"] > 0

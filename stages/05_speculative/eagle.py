@@ -27,6 +27,7 @@ hooks it overrides are `input_features` and `readout`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -43,7 +44,7 @@ from course.s02_kv_cache.generate import step_metadata
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 
 from .drafter import Draft, Drafter, draft_chain
-from .tree import Tree, TreeAttention, block_metadata, tree_size
+from .tree import Calibration, Tree, TreeAttention, block_metadata, tree_size
 
 EAGLE1_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # training/train_eagle.py --head eagle
 # The head that drafts when none is named: the one that drafts best on the held-out prompts
@@ -167,8 +168,9 @@ class EagleDrafter(Drafter):
     an EAGLE-2 tree (`propose_tree`)."""
     name = "eagle"
 
-    def __init__(self, head: EagleHead, target: CausalLM):
+    def __init__(self, head: EagleHead, target: CausalLM, calibration: Calibration | None = None):
         self.head, self.target = head, target
+        self.calibration = calibration if calibration is not None else Calibration()  # trees' chances
         self.generator = torch.Generator(device=target.device)
         self.features: torch.Tensor | None = None  # [capacity, h]: the target's f_t by position
         self.num_features = 0                      # positions 0 .. num_features-1 are known
@@ -229,7 +231,9 @@ class EagleDrafter(Drafter):
         """EAGLE-2 drafting: expand the top_k most confident nodes of each level (top_k children
         each), `depth` levels deep, then keep the max_nodes best-scoring nodes (score = summed
         log-probability of the path; a child never outscores its parent, so the kept set is a
-        tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size)."""
+        tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size),
+        judged by the calibrated chances (the kept order too: they may rank a deep node above a
+        shallow sibling's, never above its parent)."""
         if depth == 0:
             return Tree()
         if top_k * (depth - 1) > DRAFT_ROOM:
@@ -266,14 +270,17 @@ class EagleDrafter(Drafter):
             slots += expand
             frontier = add_children(expand, out)
         self.cache.num_tokens = true_len  # drop the drafting entries
+        chances = []  # calibrated, parents before children
+        for u, parent in enumerate(tree.parents):
+            chances.append(self.calibration.chance(scores[u], tree.depths[u], chances[parent] if parent >= 0 else 1.0))
         if cost is not None:
-            max_nodes = tree_size(scores, cost, max_nodes, drafting=time.perf_counter() - started)
-        keep = sorted(sorted(range(len(tree)), key=lambda u: -scores[u])[:max_nodes])
+            max_nodes = tree_size(chances, cost, max_nodes, drafting=time.perf_counter() - started)
+        keep = sorted(sorted(range(len(tree)), key=lambda u: -chances[u])[:max_nodes])
         kept, index = Tree(), {}
         for u in keep:  # creation order: parents before children
             if tree.parents[u] >= 0 and tree.parents[u] not in index:
                 continue  # a tie cut the parent: drop the orphan
-            index[u] = kept.add(tree.tokens[u], index.get(tree.parents[u], -1))
+            index[u] = kept.add(tree.tokens[u], index.get(tree.parents[u], -1), chance=math.exp(scores[u]))
         return kept
 
     def _step(self, features: torch.Tensor, tokens: torch.Tensor, start: int) -> torch.Tensor:

@@ -196,6 +196,7 @@ def stream_tree_speculative(model: CausalLM, seq: Sequence, drafter, depth: int 
         before = [[]] + [[tree.tokens[i] for i in tree.path_to(node)] for node in range(len(tree))]
         choices = torch.argmax(processed_rows(model.compute_logits(hidden), seq, before), dim=-1).tolist()
         path, emitted = accept_greedy_path(tree, choices)
+        drafter.calibration.record(tree, path)  # what the target kept, against what the head expected
         compact(cache, start, path)
         drafter.observe(drafter.features_of(hidden)[[0] + [1 + i for i in path]], start=start)
         stats.record(len(tree), len(emitted))

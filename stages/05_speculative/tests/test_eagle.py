@@ -14,7 +14,7 @@ from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.eagle import EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.eagle3 import Eagle3Head
 from course.s05_speculative.speculative import SpecStats, forward_hidden, stream_speculative, stream_tree_speculative
-from course.s05_speculative.tree import (Tree, TreeAttention, VerifyCost, accept_greedy_path, block_metadata, compact,
+from course.s05_speculative.tree import (Calibration, Tree, TreeAttention, VerifyCost, accept_greedy_path, block_metadata, compact,
                                          tree_size)
 from course.s05_speculative.verify import verify_greedy
 
@@ -204,19 +204,76 @@ def test_an_eagle3_head_reading_layers_the_model_lacks_is_refused(tmp_path):
 
 
 def test_tree_size_keeps_the_nodes_that_pay_for_their_verify():
-    """Expected tokens per second of the step, from each node's chance (exp of its path's
-    log-probability) and a verify cost: a free verify keeps every node, a steep one none, and
+    """Expected tokens per second of the step, from each node's chance and a verify cost: a free verify keeps every node, a steep one none, and
     in between the sure nodes but not the long shots."""
-    chances = [0.9, 0.8, 0.5, 0.05, 0.01]
-    logp = [math.log(c) for c in chances]
-    assert tree_size(logp, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=16) == 5
-    assert tree_size(logp, VerifyCost({1: 1.0, 2: 100.0}), max_nodes=16) == 0
+    chances = [0.9, 0.8, 0.5, 0.05, 0.01]  # chances
+    assert tree_size(chances, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=16) == 5
+    assert tree_size(chances, VerifyCost({1: 1.0, 2: 100.0}), max_nodes=16) == 0
     # each extra token costs 0.2 of a step: a node pays while its chance beats the running rate
-    assert tree_size(logp, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16) == 3
-    assert tree_size(logp, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=2) == 2
+    assert tree_size(chances, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16) == 3
+    assert tree_size(chances, VerifyCost({1: 1.0, 17: 1.0}), max_nodes=2) == 2
     # the drafting already spent counts in every choice's step time: a long shot pays sooner
-    assert tree_size(logp, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16, drafting=20.0) == 4
+    assert tree_size(chances, VerifyCost({1: 1.0, 2: 1.2, 17: 4.2}), max_nodes=16, drafting=20.0) == 4
     assert VerifyCost({1: 1.0, 3: 2.0})(2) == 1.5 and VerifyCost({1: 1.0, 3: 2.0})(5) == 3.0  # interpolated, extended
+
+
+def chain_tree(chances):
+    """A chain of nodes, one per depth, with these uncalibrated chances."""
+    tree = Tree()
+    for i, chance in enumerate(chances):
+        tree.add(i, i - 1, chance=chance)
+    return tree
+
+
+def test_calibration_scales_each_depth_by_what_the_target_accepted():
+    """An under-confident head (its nodes accepted more often than it said) gets higher chances,
+    an over-confident one lower, each depth on its own; a child never outranks its parent."""
+    calibration = Calibration()
+    assert calibration.chance(math.log(0.4), 1) == pytest.approx(0.4)  # no trees yet: the head's word
+    for _ in range(200):  # depth 1 always accepted at a predicted 0.5; depth 2 never, at 0.4
+        calibration.record(chain_tree([0.5, 0.4]), path=[0])
+    assert calibration.scale(1) == pytest.approx(2.0, rel=0.05)
+    assert calibration.scale(2) < 0.1
+    assert calibration.chance(math.log(0.3), 1) == pytest.approx(0.6, rel=0.05)
+    assert calibration.chance(math.log(0.6), 1) == 1.0  # a chance, at most 1
+    assert calibration.chance(math.log(0.3), 2) < 0.03
+    for _ in range(300):  # the text changes: depth 2 now always accepted; the counts follow it
+        calibration.record(chain_tree([0.5, 0.4]), path=[0, 1])
+    assert calibration.scale(2) == pytest.approx(2.5, rel=0.05)
+    assert calibration.chance(math.log(0.4), 2, parent_chance=0.7) == 0.7  # never above its parent
+
+
+def test_a_calibrated_tree_keeps_what_the_target_accepts(byte_tok):
+    """The same head and step cost: calibrated to trust its deep nodes, the drafter verifies more
+    of them; the chances it records stay the head's own (exp of the path's log-probability)."""
+    model = tiny_model("mha_untied")
+    cost = VerifyCost({1: 1.0, 2: 1.02, 17: 1.6})
+
+    def tree_with(calibration):
+        drafter = eagle(model)
+        drafter.calibration = calibration
+        seq = Sequence(PROMPT, GREEDY, byte_tok)
+        drafter.begin(seq)
+        drafter.observe(forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 64)), PROMPT), start=0)
+        seq.append(5)
+        return drafter.propose_tree(seq, 3, 4, 16, cost)
+
+    trusting = Calibration()
+    for _ in range(100):  # every drafted node accepted, at a predicted 0.05
+        trusting.record(chain_tree([0.05, 0.05, 0.05]), path=[0, 1, 2])
+    plain, calibrated = tree_with(Calibration()), tree_with(trusting)
+    assert len(calibrated) > len(plain)
+    assert len(calibrated.chances) == len(calibrated) and all(0 < c <= 1 for c in calibrated.chances)
+    assert all(calibrated.chances[i] <= calibrated.chances[p] + 1e-6 for i, p in enumerate(calibrated.parents) if p >= 0)
+
+
+def test_tree_speculation_records_every_verified_tree(byte_tok):
+    model = tiny_model("gqa_tied")
+    drafter = eagle(model)
+    out, stats = run(stream_tree_speculative, model, byte_tok, drafter, verify_cost=VerifyCost({1: 1.0, 17: 1.0}))
+    assert out == generate_cached(model, byte_tok, PROMPT, GREEDY).token_ids
+    assert sum(drafter.calibration.predicted.values()) > 0  # the untrained head's trees were counted
+    assert sum(drafter.calibration.accepted.values()) <= stats.accepted  # aged counts of accepted nodes
 
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
