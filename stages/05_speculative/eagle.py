@@ -44,7 +44,7 @@ from course.s02_kv_cache.generate import step_metadata
 from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 
 from .drafter import Draft, Drafter, draft_chain
-from .tree import Calibration, Tree, TreeAttention, block_metadata, tree_size
+from .tree import Calibration, Tree, TreeAttention, block_metadata, deeper_may_pay, tree_size
 
 EAGLE1_HEAD = Path(__file__).parent / "eagle_smollm2_135m.safetensors"  # training/train_eagle.py --head eagle
 # The head that drafts when none is named: the one that drafts best on the held-out prompts
@@ -233,7 +233,8 @@ class EagleDrafter(Drafter):
         log-probability of the path; a child never outscores its parent, so the kept set is a
         tree). With `cost` (a VerifyCost), keep only as many as pay for their verify (tree_size),
         judged by the calibrated chances (the kept order too: they may rank a deep node above a
-        shallow sibling's, never above its parent)."""
+        shallow sibling's, never above its parent), and stop a level early when no node of it
+        could pay for its drafting (deeper_may_pay)."""
         if depth == 0:
             return Tree()
         if top_k * (depth - 1) > DRAFT_ROOM:
@@ -242,6 +243,7 @@ class EagleDrafter(Drafter):
         root_feature = self._catch_up(seq)
         true_len, last = self.cache.num_tokens, self.num_features - 1  # drafting entries go after true_len
         tree, scores, feature_in, slots = Tree(), [], {}, []  # slots: node expanded at each slot
+        chances = []  # calibrated, parents before children
 
         def add_children(parents: list[int], predicted: torch.Tensor) -> list[int]:
             """top_k children for each parent (-1: the root) from the head's outputs [n, h], one
@@ -252,11 +254,19 @@ class EagleDrafter(Drafter):
                 for lp, tok in zip(values, ids):
                     born.append(tree.add(tok, parent))
                     scores.append((scores[parent] if parent >= 0 else 0.0) + lp)
+                    chances.append(self.calibration.chance(scores[-1], tree.depths[-1],
+                                                           chances[parent] if parent >= 0 else 1.0))
                     feature_in[born[-1]] = feature
             return born
 
         frontier = add_children([-1], root_feature[None])
+        level_started = started
         for _ in range(depth - 1):
+            now = time.perf_counter()
+            if cost is not None and not deeper_may_pay(chances, max(chances[u] for u in frontier), cost, max_nodes,
+                                                       now - started, now - level_started):
+                break
+            level_started = now
             expand = sorted(frontier, key=lambda u: -scores[u])[:top_k]
             ancestors = [set(tree.path_to(u)) for u in expand]
             seen = torch.tensor([[slot in anc for slot in slots] for anc in ancestors], dtype=torch.bool)
@@ -270,9 +280,6 @@ class EagleDrafter(Drafter):
             slots += expand
             frontier = add_children(expand, out)
         self.cache.num_tokens = true_len  # drop the drafting entries
-        chances = []  # calibrated, parents before children
-        for u, parent in enumerate(tree.parents):
-            chances.append(self.calibration.chance(scores[u], tree.depths[u], chances[parent] if parent >= 0 else 1.0))
         if cost is not None:
             max_nodes = tree_size(chances, cost, max_nodes, drafting=time.perf_counter() - started)
         keep = sorted(sorted(range(len(tree)), key=lambda u: -chances[u])[:max_nodes])

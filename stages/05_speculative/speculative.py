@@ -67,9 +67,10 @@ def forward_hidden(model: CausalLM, attn: ContiguousKVAttention, token_ids: list
     return model(ids, attn, step_metadata(start, len(token_ids), model.device))
 
 
-def verifier(model: CausalLM, context: int, widest: int):
+def verifier(model: CausalLM, context: int, widest: int, tree: bool = False):
     """verify(width): one target forward over `width` new tokens after the same `context` cached
-    ones (the verify step of k = width - 1), rolled back after each call, for timing."""
+    ones (the verify step of k = width - 1), rolled back after each call, for timing. `tree`:
+    through the tree loop's attention (an explicit mask), which costs more than a chain's."""
     cache = KVCache(model.config, context + widest, model.dtype, model.device)
     vocab = model.config.vocab_size
     forward_hidden(model, ContiguousKVAttention(cache), [(100 + i) % vocab for i in range(context)])
@@ -77,16 +78,22 @@ def verifier(model: CausalLM, context: int, widest: int):
     @torch.no_grad()
     def verify(width: int) -> None:
         cache.num_tokens = context
-        model.compute_logits(forward_hidden(model, ContiguousKVAttention(cache), list(range(width))))
+        if tree:  # a chain-shaped tree: the mask's shape does not change the work
+            attention = TreeAttention(cache, context, torch.ones(width, width, dtype=torch.bool).tril())
+            meta = block_metadata(context, list(range(context, context + width)), model.device)
+            hidden = model(torch.arange(width, device=model.device), attention, meta)
+        else:
+            hidden = forward_hidden(model, ContiguousKVAttention(cache), list(range(width)))
+        model.compute_logits(hidden)
         if model.device.type == "cuda":
             torch.cuda.synchronize()
     return verify
 
 
-def measure_verify_cost(model: CausalLM, context: int = 128, widths=(1, 2, 3, 5, 9, 17), reps: int = 5) -> VerifyCost:
-    """What verifying costs on this machine: the fastest of `reps` verify forwards (after one
-    warm-up) at a few widths, measured once, at start-up."""
-    verify, seconds = verifier(model, context, max(widths)), {}
+def measure_verify_cost(model: CausalLM, context: int = 128, widths=(1, 2, 3, 4, 5, 9, 17), reps: int = 5) -> VerifyCost:
+    """What verifying a tree costs on this machine: the fastest of `reps` verify forwards (after
+    one warm-up) at a few widths, measured once, at start-up."""
+    verify, seconds = verifier(model, context, max(widths), tree=True), {}
     for width in widths:
         verify(width)
         times = []

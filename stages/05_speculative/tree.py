@@ -194,3 +194,15 @@ def tree_size(chances: list[float], cost, max_nodes: int, drafting: float = 0.0)
         if expected / (drafting + cost(1 + m)) > best_rate:
             best, best_rate = m, expected / (drafting + cost(1 + m))
     return best
+
+
+def deeper_may_pay(chances: list[float], likeliest: float, cost, max_nodes: int, drafting: float,
+                   level_seconds: float) -> bool:
+    """Whether drafting one more level could raise the step's expected tokens per second: even a
+    child as likely as the likeliest node it could hang from (`likeliest`; a child is never
+    likelier than its parent), bought with one more level's drafting (`level_seconds`)."""
+    m = tree_size(chances, cost, max_nodes, drafting)
+    kept = sorted(chances, reverse=True)[:m]
+    rate = (1 + sum(kept)) / (drafting + cost(1 + m))
+    gain, width = (likeliest - kept[-1], 1 + m) if m == max_nodes else (likeliest, 2 + m)
+    return (1 + sum(kept) + gain) / (drafting + level_seconds + cost(width)) > rate

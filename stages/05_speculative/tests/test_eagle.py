@@ -14,8 +14,8 @@ from course.s02_kv_cache.kv_cache import ContiguousKVAttention, KVCache
 from course.s05_speculative.eagle import EagleDrafter, EagleHead, HeadMismatch
 from course.s05_speculative.eagle3 import Eagle3Head
 from course.s05_speculative.speculative import SpecStats, forward_hidden, stream_speculative, stream_tree_speculative
-from course.s05_speculative.tree import (Calibration, Tree, TreeAttention, VerifyCost, accept_greedy_path, block_metadata, compact,
-                                         tree_size)
+from course.s05_speculative.tree import (Calibration, Tree, TreeAttention, VerifyCost, accept_greedy_path,
+                                         block_metadata, compact, deeper_may_pay, tree_size)
 from course.s05_speculative.verify import verify_greedy
 
 PROMPT = [72, 101, 108, 108, 111, 32, 119, 111, 114, 108, 100]
@@ -265,6 +265,40 @@ def test_a_calibrated_tree_keeps_what_the_target_accepts(byte_tok):
     assert len(calibrated) > len(plain)
     assert len(calibrated.chances) == len(calibrated) and all(0 < c <= 1 for c in calibrated.chances)
     assert all(calibrated.chances[i] <= calibrated.chances[p] + 1e-6 for i, p in enumerate(calibrated.parents) if p >= 0)
+
+
+def test_a_level_is_drafted_only_when_a_node_of_it_could_pay():
+    """A deeper level is worth drafting when even its best possible node (as likely as its
+    likeliest parent) beats the step's rate after paying for the level; a full tree needs a node
+    likelier than its worst."""
+    free, steep = VerifyCost({1: 1.0, 17: 1.0}), VerifyCost({1: 1.0, 2: 1.0, 3: 10.0})
+    assert deeper_may_pay([0.5, 0.2], 0.5, free, 16, drafting=0.1, level_seconds=0.1)
+    assert not deeper_may_pay([0.5, 0.2], 0.5, free, 16, drafting=0.1, level_seconds=5.0)  # the level costs too much
+    assert not deeper_may_pay([0.5, 0.2], 0.5, steep, 16, drafting=0.1, level_seconds=0.01)  # its verify row does
+    assert not deeper_may_pay([0.5, 0.2], 0.1, free, 2, drafting=0.1, level_seconds=0.01)  # full of likelier nodes
+    assert deeper_may_pay([0.5, 0.2], 0.4, free, 2, drafting=0.1, level_seconds=0.01)
+
+
+def test_a_tree_stops_where_deeper_nodes_cannot_pay(byte_tok):
+    model = tiny_model("mha_untied")
+
+    def tree_with(calibration, cost):
+        drafter = eagle(model)
+        drafter.calibration = calibration
+        seq = Sequence(PROMPT, GREEDY, byte_tok)
+        drafter.begin(seq)
+        drafter.observe(forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 64)), PROMPT), start=0)
+        seq.append(5)
+        tree = drafter.propose_tree(seq, 4, 4, 64, cost)
+        assert drafter.cache.num_tokens == len(PROMPT)
+        return tree
+
+    sure = Calibration()
+    sure.scale = lambda depth: 1e9  # every node as sure as its parent: each level pays where rows are free
+    assert max(tree_with(sure, VerifyCost({1: 1.0, 65: 1.0})).depths) == 4
+    # the untrained head's deeper nodes add less than another level's drafting costs
+    tree = tree_with(Calibration(), VerifyCost({1: 1e-9, 2: 1e-9, 65: 1e-9}))
+    assert len(tree) and max(tree.depths) == 1
 
 
 def test_tree_speculation_records_every_verified_tree(byte_tok):

@@ -151,13 +151,23 @@ def assert_matches_reference(out: torch.Tensor, case: PagedCase, tol: float = 1e
 
 
 def run_decode(kernel, case: PagedCase, **kw) -> torch.Tensor:
-    """A paged decode kernel (the lesson's or the gpu room's) on the case's batch."""
+    """A paged decode kernel (the lesson's or the gpu room's) on the case's batch, into a
+    NaN-filled output unless `out` is given (`out=None`: the kernel allocates its own)."""
+    kw.setdefault("out", nan_like(case.q))
     return kernel(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
 
 
+def run_varlen(kernel, case: PagedCase, **kw) -> torch.Tensor:
+    """A varlen paged kernel (queries of several lengths) on the case, into a NaN-filled output
+    unless `out` is given."""
+    kw.setdefault("out", nan_like(case.q))
+    return kernel(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens, case.block_tables,
+                  case.max_query_len, **kw)
+
+
 def check_decode(kernel, case: PagedCase, tol: float = 1e-5, **kw) -> torch.Tensor:
-    """`run_decode` into a NaN-filled output, held to the oracle."""
-    return assert_matches_reference(run_decode(kernel, case, out=nan_like(case.q), **kw), case, tol, kw.get("scale"))
+    """`run_decode` (into a NaN-filled output), held to the oracle."""
+    return assert_matches_reference(run_decode(kernel, case, **kw), case, tol, kw.get("scale"))
 
 
 def one_layer_step(case: PagedCase, make_backend, host: bool = True, graphed: bool = False):

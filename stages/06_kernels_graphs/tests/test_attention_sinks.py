@@ -9,6 +9,8 @@ the number of splits, even when split 0 (which adds it) holds no key of the wind
 serves a tiny gpt-oss through both kernel sets, eager and graphed, and must give the torch backend's
 logits and greedy ids."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -18,11 +20,14 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_EOS
 from course.s06_kernels_graphs import gpu, mixed_graphs
 from course.s06_kernels_graphs.bench.testing import (make_paged_case, nan_like, poison_before_window,
-    reference_attention, stored_case)
+                                                     reference_attention, run_decode, run_varlen, stored_case)
 from course.s06_kernels_graphs.decode_attention import paged_decode_attention
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.prefill_attention import varlen_paged_attention
+
+_decode = partial(run_decode, paged_decode_attention)  # into a NaN-filled out
+_varlen = partial(run_varlen, varlen_paged_attention)
 
 gpu.register()  # the "gpu" kernel set
 mixed_graphs.register()  # graphs replay steps with prefill chunks too
@@ -35,16 +40,6 @@ SINKS = {
 }
 DECODE_LENS = [0, 1, 5, 17, 33, 70]  # 0: a sequence with no key, whose output is the sink's alone: zeros
 CHUNKS = ([21, 9, 33, 4, 60], [6, 1, 1, 4, 40])  # seq_lens, query_lens: chunks over prefixes, decodes, a prompt
-
-
-def _decode(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
-                                  out=nan_like(case.q), **kw)
-
-
-def _varlen(case, **kw):
-    return varlen_paged_attention(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
-                                  case.block_tables, case.max_query_len, out=nan_like(case.q), **kw)
 
 
 @pytest.mark.parametrize("window", [None, 3, 21])

@@ -9,6 +9,8 @@ model with a sliding layer through both kernel sets, eager and graphed, and must
 backend's logits at every step."""
 import dataclasses
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -17,13 +19,16 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import TINY_CONFIGS, TINY_EOS
 from course.s06_kernels_graphs import gpu, int8_kv, mixed_graphs
 from course.s06_kernels_graphs.bench.testing import (make_paged_case, nan_like, poison_before_window,
-    reference_attention, stored_case)
+                                                     reference_attention, run_decode, run_varlen, stored_case)
 from course.s06_kernels_graphs.decode_attention import BLOCK_N as DECODE_TILE
 from course.s06_kernels_graphs.decode_attention import paged_decode_attention
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s06_kernels_graphs.model_runner import ModelRunner
 from course.s06_kernels_graphs.prefill_attention import BLOCK_N as PREFILL_TILE
 from course.s06_kernels_graphs.prefill_attention import varlen_paged_attention
+
+_decode = partial(run_decode, paged_decode_attention)  # into a NaN-filled out
+_varlen = partial(run_varlen, varlen_paged_attention)
 
 gpu.register()  # the "gpu" kernel set
 mixed_graphs.register()  # graphs replay steps with prefill chunks too
@@ -40,16 +45,6 @@ CHUNKS = ([21, 9, 33, 4, 60], [6, 1, 1, 4, 40])  # seq_lens, query_lens: a chunk
 def _decode_case(block_size=4, **kw):
     kw = {"num_heads": 4, "num_kv_heads": 2, "head_dim": 16, "seed": 0} | kw
     return make_paged_case(DECODE_LENS, [1] * len(DECODE_LENS), block_size=block_size, **kw)
-
-
-def _decode(case, **kw):
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
-                                  out=nan_like(case.q), **kw)
-
-
-def _varlen(case, **kw):
-    return varlen_paged_attention(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
-                                  case.block_tables, case.max_query_len, out=nan_like(case.q), **kw)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

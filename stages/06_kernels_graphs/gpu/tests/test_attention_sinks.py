@@ -7,15 +7,18 @@ across heads, with and without a sliding window, over pools whose unowned slots 
 the keys well before it) are NaN. The decode kernel adds a sink in split 0 alone, and the merge
 must weigh it in once: its scratch starts as NaN here. A sequence with no key (length 0) gets the
 sink's weight and no value: zeros, never NaN."""
+from functools import partial
+
 import pytest
 import torch
 
-from course.s01_decode_loop.attention import causal_attention
 from course.s06_kernels_graphs.bench.testing import (fresh_kv, make_paged_case, nan_like, poison_before_window,
-    reference_attention)
+                                                     reference_attention, run_decode)
 from course.s06_kernels_graphs.gpu.decode_attention import decode_tiles, paged_decode_attention
 from course.s06_kernels_graphs.gpu.prefill_attention import prefill_tiles, varlen_attention
 from course.s06_kernels_graphs.sync_guard import sync_guard
+
+_decode = partial(run_decode, paged_decode_attention)  # into a NaN-filled out
 
 TILE = max(decode_tiles(None, 64, torch.float32).block_n, prefill_tiles(None, 64, torch.float32).block_n)
 # 8 query heads over 2 KV heads: a group of 4, padded to 16 columns in the decode kernel.
@@ -28,11 +31,6 @@ LENS = [0, 1, 7, 23, 41, 70]
 # Chunks over cached prefixes (20 and 2 keys), decodes, a padding sequence (no query), a whole
 # 33-token prompt (three query tiles) and a 40-token chunk over 30 cached keys.
 CHUNKS = ([26, 9, 0, 33, 7, 70, 21], [6, 1, 0, 33, 5, 40, 1])
-
-
-def _decode(case, **kw):
-    kw.setdefault("out", nan_like(case.q))
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
 
 
 @pytest.fixture

@@ -7,14 +7,18 @@ with sequences shorter and longer than the window. The kernels start at the wind
 than a tile before it are NaN here, and must never be read. Split-KV shares the window's keys,
 not the sequence's, and the merge must agree with the attention kernel on how many splits
 there are (its scratch starts as NaN)."""
+from functools import partial
+
 import pytest
 import torch
 
 from course.s06_kernels_graphs.bench.testing import (fresh_kv, make_paged_case, nan_like, poison_before_window,
-    reference_attention)
+                                                     reference_attention, run_decode)
 from course.s06_kernels_graphs.gpu.decode_attention import decode_tiles, paged_decode_attention
 from course.s06_kernels_graphs.gpu.prefill_attention import prefill_tiles, varlen_attention
 from course.s06_kernels_graphs.sync_guard import sync_guard
+
+_decode = partial(run_decode, paged_decode_attention)  # into a NaN-filled out
 
 DECODE_TILE = decode_tiles(None, 64, torch.float32).block_n  # the interpreter's: 16 keys
 PREFILL_TILE = prefill_tiles(None, 64, torch.float32).block_n
@@ -22,11 +26,6 @@ PREFILL_TILE = prefill_tiles(None, 64, torch.float32).block_n
 # than a tile; 200: longer than every sequence (the whole past, as without a window).
 WINDOWS = [1, 3, 6, 21, 200]
 LENS = [1, 7, 23, 41, 70]
-
-
-def _decode(case, **kw):
-    kw.setdefault("out", nan_like(case.q))
-    return paged_decode_attention(case.q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens, **kw)
 
 
 @pytest.mark.parametrize("max_splits", [1, 4])
