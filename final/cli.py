@@ -26,7 +26,7 @@ from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.heap import freeze_startup_heap
-from .launch.kv_pool import describe_windows, num_kv_blocks, parse_size
+from .launch.kv_pool import describe_windows, hybrid_memory, num_kv_blocks, parse_size
 from .launch.model_fit import engine_class, fit_options
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
@@ -111,7 +111,16 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
     def load_engine():  # every parallel torch op of the start-up, on a thread that then exits (torch_threads.py)
         loaded = tp.load_shard()[0] if tp else load_model(args.model, dtype=dtype, device=device)
         loaded.tokenizer.chat_template = getattr(args, "chat_template", None) or loaded.tokenizer.chat_template
-        blocks = num_kv_blocks(args, kv_memory, loaded.model.config, dtype, device, memory_info,
+        pool_memory, hybrid = kv_memory, {}
+        if linear_layers(loaded.model.config):  # a hybrid model: its linear layers' states (stage 04's hybrid/)
+            per_sequence = state_bytes(loaded.model.config)
+            if kv_memory is not None:
+                pool_memory, snapshots, line = hybrid_memory(kv_memory, per_sequence, args.max_num_seqs)
+                hybrid = {"max_state_snapshots": snapshots}
+            else:
+                line = f"state cache: {human(per_sequence)} of recurrent state a sequence"
+            print(f"{line}; snapshots every {args.block_size} tokens", file=sys.stderr)
+        blocks = num_kv_blocks(args, pool_memory, loaded.model.config, dtype, device, memory_info,
                                LLMEngine.reserved_blocks, kv_dtype)
         per_token = pool_bytes_per_token(loaded.model.config, kv_dtype)
         print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens"
@@ -126,11 +135,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
                                     kv_cache_dtype=args.kv_cache_dtype,
                                     max_num_batched_tokens=args.max_num_batched_tokens, max_waiting=args.max_waiting,
                                     record_steps=False, **graph_options(args, blocks), **fitted)
-        if linear_layers(loaded.model.config):  # a hybrid model: its linear layers' states (stage 04's hybrid/)
-            print(f"state cache: {human(state_bytes(loaded.model.config))} of recurrent state a sequence, "
-                  f"snapshots every {args.block_size} tokens for prefix caching", file=sys.stderr)
         llm = engine_class(loaded.model, Engine)(loaded.model, loaded.tokenizer, config, loaded.eos_token_ids,
-                                                 speculative, policy=policy)
+                                                 speculative, policy=policy, **hybrid)
         if speculative.method != "none" and args.speculative_policy == "cost":
             llm.draft_policy = CostModelPolicy()
         if args.speculative_tree:

@@ -99,3 +99,25 @@ def describe_windows(model_config, block_size: int) -> str | None:
     return (f"sliding window of {max(sliding)} tokens in {len(sliding)} of {len(windows)} layers: masked in "
             "attention; the full-attention layers read every block, so a sequence keeps them all")
 
+
+MAX_STATE_SNAPSHOTS = 512  # a hybrid model's state snapshots kept for prefix hits, at most...
+SNAPSHOT_SHARE = 0.25      # ...and within this share of --kv-memory
+
+
+def hybrid_memory(kv_memory: int, per_sequence: int, max_num_seqs: int) -> tuple[int, int, str]:
+    """Split --kv-memory for a model with linear-attention layers, whose recurrent states live
+    beside the pool: each running sequence's state (`per_sequence` bytes), the snapshots taken at
+    block boundaries for prefix hits (as many as SNAPSHOT_SHARE of the memory holds, at most
+    MAX_STATE_SNAPSHOTS), and the K/V pool, which gets the rest. Returns (the pool's bytes, the
+    snapshots to keep, the start-up line)."""
+    live = per_sequence * max_num_seqs
+    snapshots = min(MAX_STATE_SNAPSHOTS, int(kv_memory * SNAPSHOT_SHARE) // per_sequence)
+    pool = kv_memory - live - snapshots * per_sequence
+    if pool <= 0:
+        raise ValueError(f"--kv-memory {human(kv_memory)} cannot hold the recurrent states of {max_num_seqs} "
+                         f"sequences ({human(per_sequence)} each, {human(live)} in all) and a K/V pool: raise "
+                         "--kv-memory or lower --max-num-seqs")
+    line = (f"state cache: {human(per_sequence)} of recurrent state a sequence; of {human(kv_memory)}, "
+            f"{human(live)} for {max_num_seqs} running sequences, {human(snapshots * per_sequence)} for "
+            f"{snapshots} snapshots (prefix hits resume from them), {human(pool)} for the K/V pool")
+    return pool, snapshots, line

@@ -12,7 +12,8 @@ from course.s01_decode_loop.families import FAMILIES
 from course.s01_decode_loop.testing import greedy_reference_uncached, save_transformers_model
 
 SAID = {"gemma3_text": "sliding window of 8 tokens in 5 of 6 layers", "gpt_oss": "sliding window of 8 tokens in 2 of 4 layers",
-        "qwen3_next": "state cache:"}
+        "qwen3_next": "for 8 running sequences"}
+EXTRA = {"qwen3_next": ["--max-num-seqs", "8"]}  # 128 sequences' states would not fit the 1 MiB
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
@@ -22,7 +23,7 @@ def test_families_serve_a_folder_through_the_openai_client(tmp_path, byte_tok, m
     prompt = list(range(40, 70))  # past every tiny config's window
     want = greedy_reference_uncached(hf, prompt, 12)
     proc, url = start("--model", str(tmp_path), "--kv-memory", "1MiB", "--block-size", "4",
-                      "--served-model-name", "tiny")
+                      "--served-model-name", "tiny", *EXTRA.get(model_type, []))
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         out = client.completions.create(model="tiny", prompt=prompt, max_tokens=12, temperature=0, logprobs=0,
@@ -33,6 +34,37 @@ def test_families_serve_a_folder_through_the_openai_client(tmp_path, byte_tok, m
     assert out.choices[0].logprobs.tokens == [byte_tok.decode([t]) for t in want]
     assert card.model_extra["architecture"] == FAMILIES[model_type][2]
     assert SAID[model_type] in proc.stdout.read()
+
+
+def test_families_a_hybrid_models_states_are_paid_from_the_kv_memory():
+    """--kv-memory holds the running sequences' recurrent states, the snapshots (a quarter of it,
+    at most 512), and the K/V pool, which gets the rest; states that cannot fit are refused by name."""
+    from course.final.launch.kv_pool import MAX_STATE_SNAPSHOTS, SNAPSHOT_SHARE, hybrid_memory
+
+    mib = 2**20
+    pool, snapshots, line = hybrid_memory(64 * mib, per_sequence=mib, max_num_seqs=8)
+    assert snapshots == int(64 * SNAPSHOT_SHARE) and pool == (64 - 8 - snapshots) * mib
+    assert "8 running sequences" in line and f"{snapshots} snapshots" in line
+    pool, snapshots, _ = hybrid_memory(2**40, per_sequence=mib, max_num_seqs=8)
+    assert snapshots == MAX_STATE_SNAPSHOTS and pool == 2**40 - (8 + MAX_STATE_SNAPSHOTS) * mib
+    with pytest.raises(ValueError, match="recurrent states of 128 sequences.*--max-num-seqs"):
+        hybrid_memory(64 * mib, per_sequence=mib, max_num_seqs=128)
+
+
+def test_families_the_server_keeps_the_snapshots_its_memory_holds(tmp_path, byte_tok):
+    from course.final.cli import build_server, make_parser
+    from course.s01_decode_loop.families.qwen3_next import tiny_config
+    from course.s04_continuous_batching.hybrid.states import state_bytes
+
+    save_transformers_model(tiny_config(), byte_tok, tmp_path)
+    args = make_parser()[0].parse_args(["serve", "--model", str(tmp_path), "--kv-memory", "2MiB", "--max-num-seqs", "4"])
+    engine = build_server(args)[0].engine
+    per_sequence = state_bytes(engine.model.config)
+    assert engine.states.max_snapshots == 2 * 2**20 // 4 // per_sequence
+    per_block = sum(t.numel() * t.element_size() for t in engine.cache.tensors()) // engine.cache.k.shape[1]
+    sized = engine.config.num_blocks * per_block  # the blocks --kv-memory bought (the engine adds its reserved one)
+    states = (4 + engine.states.max_snapshots) * per_sequence
+    assert sized + states <= 2 * 2**20 < sized + per_block + states
 
 
 def test_families_a_hybrid_model_speculates_with_its_state_rolled_back(byte_tok):

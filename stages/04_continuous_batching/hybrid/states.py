@@ -128,9 +128,17 @@ class RecurrentStates:
             self.chains.pop(rid, None)
 
     def usable_prefix(self, token_ids: list[int], hit_tokens: int) -> int:
-        """The deepest boundary at or below `hit_tokens` where every linear layer's state was saved."""
-        for length in range(hit_tokens - hit_tokens % self.interval, 0, -self.interval):
-            snap = self.snapshots.get(prefix_hash(token_ids, length, self.block_size))
+        """The deepest boundary at or below `hit_tokens` where every linear layer's state was saved
+        (the prefix hashed once, each boundary named on the way)."""
+        if not self.snapshots:
+            return 0
+        names, h, bs = {}, None, self.block_size
+        for i in range((hit_tokens - hit_tokens % self.interval) // bs):
+            h = hash_block(h, token_ids[i * bs:(i + 1) * bs])
+            if (i + 1) * bs % self.interval == 0:
+                names[(i + 1) * bs] = h
+        for length in sorted(names, reverse=True):
+            snap = self.snapshots.get(names[length])
             if snap is not None and len(snap) == len(self.layers):
                 return length
         return 0

@@ -100,3 +100,18 @@ def test_hybrid_boundary_names_chain_on_and_equal_the_block_managers():
         assert states.keys[0] == want
         states.end_step()
         start += rows
+
+
+def test_hybrid_usable_prefix_is_the_deepest_boundary_with_every_layers_snapshot():
+    """The hashing done once along the prefix finds what naming each boundary from scratch finds:
+    the deepest boundary at or below the hit whose snapshot holds every linear layer."""
+    from course.s04_continuous_batching.hybrid.states import prefix_hash
+
+    states, ids = RecurrentStates([0, 2], block_size=4, interval=8), list(range(200))
+    assert states.usable_prefix(ids, 160) == 0  # no snapshot yet
+    for length, layers in [(16, (0, 2)), (48, (0, 2)), (64, (0,)), (120, (0, 2))]:
+        states.snapshots[prefix_hash(ids, length, 4)] = {layer: None for layer in layers}
+    for hit, want in [(7, 0), (16, 16), (47, 16), (63, 48), (70, 48), (119, 48), (120, 120), (199, 120)]:
+        assert states.usable_prefix(ids, hit) == want
+    other = ids[:40] + [0] * 160  # parts from the snapshots' sequence at 40
+    assert states.usable_prefix(other, 199) == 16
