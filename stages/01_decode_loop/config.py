@@ -90,6 +90,12 @@ class ModelConfig(MoeFields):  # MoeFields: Mixture-of-Experts (moe/config.py)
         return self.num_attention_heads // self.num_key_value_heads
 
     @property
+    def num_kv_layers(self) -> int:
+        """Layers that keep K/V for their past: all of them here (a hybrid model's linear-attention
+        layers keep a fixed-size state instead: families/qwen3_next.py)."""
+        return self.num_hidden_layers
+
+    @property
     def layer_windows(self) -> tuple[int | None, ...]:
         """Each layer's window (None: full attention); () when every layer attends to its whole past."""
         if "sliding_attention" not in (self.layer_types or ()):

@@ -21,11 +21,12 @@ from .quantized_kv import SCALE_DTYPE, QuantizedPool, is_quantized
 
 class PagedKVCache:
     """K and V pools: [layers, num_blocks, block_size, n_kv_heads, head_dim] each, in `dtype`, or in
-    `kv_dtype` (int8, fp8) with `k_scale`/`v_scale` [layers, num_blocks, block_size, n_kv_heads]."""
+    `kv_dtype` (int8, fp8) with `k_scale`/`v_scale` [layers, num_blocks, block_size, n_kv_heads].
+    Layers: those that keep K/V (`num_kv_layers`; a hybrid model numbers its attention layers apart)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu",
                  kv_dtype: torch.dtype | None = None):
-        shape = (config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        shape = (config.num_kv_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.dtype, self.kv_dtype = dtype, kv_dtype or dtype  # what attention computes in; what the pool stores
         self.k = torch.zeros(shape, dtype=self.kv_dtype, device=device)
         self.v = torch.zeros(shape, dtype=self.kv_dtype, device=device)

@@ -44,7 +44,7 @@ def bytes_per_value(dtype: torch.dtype, head_dim: int) -> float:
 
 def pool_bytes_per_token(config, dtype: torch.dtype) -> int:
     """Bytes a token takes in a pool storing `dtype`: K and V values (or codes), and their scales."""
-    values = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    values = 2 * config.num_kv_layers * config.num_key_value_heads * config.head_dim
     return round(values * bytes_per_value(dtype, config.head_dim))
 
 

@@ -92,6 +92,11 @@ class Qwen3NextConfig(ModelConfig):
         return "Qwen3NextForCausalLM"
 
     @property
+    def num_kv_layers(self) -> int:
+        """Only the full-attention layers keep K/V; a linear layer's state lives beside the pool."""
+        return self.mixer_types.count(FULL)
+
+    @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)  # rounded down, as transformers does
 
@@ -155,7 +160,8 @@ class GatedAttention(nn.Module):
 
     def __init__(self, config: Qwen3NextConfig, layer_idx: int):
         super().__init__()
-        self.layer_idx = layer_idx
+        # the pool keeps K/V for the attention layers only, numbered among themselves
+        self.kv_layer = config.mixer_types[:layer_idx].count(FULL)
         h, d, self.n_heads, self.n_kv_heads = (config.hidden_size, config.head_dim, config.num_attention_heads,
                                                config.num_key_value_heads)
         self.q_proj = nn.Linear(h, self.n_heads * d * 2, bias=config.qkv_bias)  # per head: d query, d gate
@@ -171,7 +177,7 @@ class GatedAttention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(t, self.n_kv_heads, -1))
         q, k = apply_partial_rope(self.q_norm(q), cos, sin), apply_partial_rope(k, cos, sin)
         v = self.v_proj(x).view(t, self.n_kv_heads, -1)
-        out = attn.forward(self.layer_idx, q, k, v, meta) * torch.sigmoid(gate)  # a head can mute its output
+        out = attn.forward(self.kv_layer, q, k, v, meta) * torch.sigmoid(gate)  # a head can mute its output
         return self.o_proj(out.reshape(t, -1))
 
 

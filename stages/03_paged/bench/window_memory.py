@@ -9,9 +9,10 @@ Per sequence at `context` tokens, K/V in bfloat16, linear-attention states in fl
   one state: what a pool with a block table per layer group (vLLM's hybrid manager) holds;
 * this engine: the most blocks `BlockManager` holds while the sequence is prefilled in chunks of
   512 and committed as stage 04's scheduler does (the first chunk's blocks at admission, then
-  each chunk's, committed after its step), times the bytes a block takes in every layer; plus a
-  linear layer's state (stage 04's hybrid/). One block table serves every layer here, so a model
-  with any full-attention layer keeps every block, in every layer: linear ones included.
+  each chunk's, committed after its step), times the bytes a block takes in every layer that
+  keeps K/V; plus a linear layer's state (stage 04's hybrid/), which keeps no K/V. One block
+  table serves every attention layer here, so a model with any full-attention layer keeps every
+  block in each of them, sliding ones included.
 """
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def computed(m: dict, context: int) -> dict:
             ideal += min(blocks, m["window"] // BLOCK + 2) * BLOCK * per_token_layer
         else:
             ideal += state_bytes(m["state"])
-    return {"full_attention_bytes": full, "ideal_bytes": ideal, "per_block_all_layers": BLOCK * per_token_layer
-            * len(m["layers"])}
+    return {"full_attention_bytes": full, "ideal_bytes": ideal,
+            "per_block_kv_layers": BLOCK * per_token_layer * sum(kind != LINEAR for kind in m["layers"])}
 
 
 def measured_blocks(m: dict, context: int, chunk: int = 512) -> int:
@@ -81,7 +82,7 @@ def main(argv=None) -> None:
         c = computed(m, args.context)
         blocks = measured_blocks(m, args.context)
         states = sum(state_bytes(m["state"]) for k in m["layers"] if k == LINEAR) if "state" in m else 0
-        engine = blocks * c["per_block_all_layers"] + states
+        engine = blocks * c["per_block_kv_layers"] + states
         row = {"name": name, "context": args.context, "blocks_held": blocks,
                "full_attention_MiB": round(c["full_attention_bytes"] / 2**20, 1),
                "ideal_MiB": round(c["ideal_bytes"] / 2**20, 1), "this_engine_MiB": round(engine / 2**20, 1),

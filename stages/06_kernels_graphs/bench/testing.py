@@ -185,7 +185,7 @@ def one_layer_step(case: PagedCase, make_backend, host: bool = True, graphed: bo
     k_pool = torch.nan_to_num(case.k_cache, nan=7.0)
     v_pool = torch.nan_to_num(case.v_cache, nan=-7.0)
     num_blocks, block_size, kv_heads, head_dim = k_pool.shape
-    shape = SimpleNamespace(num_hidden_layers=1, num_key_value_heads=kv_heads, head_dim=head_dim, layer_windows=())
+    shape = SimpleNamespace(num_kv_layers=1, num_key_value_heads=kv_heads, head_dim=head_dim, layer_windows=())
     cache = PagedKVCache(shape, num_blocks, block_size, dtype=k_pool.dtype, device=k_pool.device)
     cache.k[0], cache.v[0] = k_pool, v_pool
     tables = case.block_tables.long()

@@ -132,10 +132,11 @@ def test_decode_worker_killed_mid_stream_every_request_completes_once(topology, 
         t.start()
     deadline = time.monotonic() + 120
     # kill while the victim is still generating: its own count, not the clients' (a client slowed
-    # by a busy machine may have read 2 tokens of a stream the worker has already finished)
-    while stats(victim)["running"] == 0 and time.monotonic() < deadline:
+    # by a busy machine may have read 2 tokens of a stream the worker has already finished), and
+    # once the router has counted what it sent there (the worker may start a request first)
+    while not (stats(victim)["running"] and dispatcher.second.outstanding_requests[victim.url]):
+        assert time.monotonic() < deadline, "no request ran on the decode worker to be killed"
         time.sleep(0.005)
-    assert dispatcher.second.outstanding_requests[victim.url] > 0  # it does hold some of them
     os.kill(victim.process.pid, signal.SIGKILL)
     at_kill = [len(r) for r in received]
     for t in threads:

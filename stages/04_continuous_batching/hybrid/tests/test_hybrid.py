@@ -43,6 +43,9 @@ def test_hybrid_batched_equals_whole_sequence_recompute(model, byte_tok, budget,
     if num_blocks == 10:
         assert engine.scheduler.num_preemptions > 0, "the pool was meant to be too small"
     assert engine.blocks.num_free_blocks == num_blocks and not engine.states.current
+    # K/V for the attention layers only: a linear layer's past is its state
+    attention_layers = model.config.mixer_types.count("full_attention")
+    assert engine.cache.k.shape[0] == attention_layers < model.config.num_hidden_layers
 
 
 def test_hybrid_prefix_hit_resumes_the_state_and_recomputes_at_most_one_block(model, byte_tok):
