@@ -12,7 +12,7 @@ Trees verify greedy requests; sampled requests use the chain (EAGLE's multi-roun
 sampling for trees is left out).
 
 How many nodes to verify is a trade: on a GPU a forward over 17 tokens costs about what one
-costs, on our CPU 2.66x. Given what a verify of t tokens costs here (`VerifyCost`, measured once)
+costs, on our CPU about twice. Given what a verify of t tokens costs here (`VerifyCost`, measured once)
 and each drafted node's chance to be accepted (EAGLE-2 reads it off the path's probability),
 `tree_size` keeps the m best nodes that maximize expected tokens per second of the step
 (drafting included). A small head's probabilities are not its acceptance (ours is
@@ -204,5 +204,7 @@ def deeper_may_pay(chances: list[float], likeliest: float, cost, max_nodes: int,
     m = tree_size(chances, cost, max_nodes, drafting)
     kept = sorted(chances, reverse=True)[:m]
     rate = (1 + sum(kept)) / (drafting + cost(1 + m))
+    if m == max_nodes == 0:
+        return False  # no room for a node at all
     gain, width = (likeliest - kept[-1], 1 + m) if m == max_nodes else (likeliest, 2 + m)
     return (1 + sum(kept) + gain) / (drafting + level_seconds + cost(width)) > rate

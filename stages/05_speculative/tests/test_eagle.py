@@ -277,6 +277,7 @@ def test_a_level_is_drafted_only_when_a_node_of_it_could_pay():
     assert not deeper_may_pay([0.5, 0.2], 0.5, steep, 16, drafting=0.1, level_seconds=0.01)  # its verify row does
     assert not deeper_may_pay([0.5, 0.2], 0.1, free, 2, drafting=0.1, level_seconds=0.01)  # full of likelier nodes
     assert deeper_may_pay([0.5, 0.2], 0.4, free, 2, drafting=0.1, level_seconds=0.01)
+    assert not deeper_may_pay([0.5, 0.2], 0.9, free, 0, drafting=0.1, level_seconds=0.01)  # no room for a node
 
 
 def test_a_tree_stops_where_deeper_nodes_cannot_pay(byte_tok):
