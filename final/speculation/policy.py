@@ -309,7 +309,7 @@ class CostModelPolicy:
         while True:
             # what m more rows add to this step, read off the measured curve at its width
             extra = [costs.step_at(width + m) - costs.step_at(width) for m in range(most + 1)]
-            best = None  # (gain per second, request, drafts added, gain, seconds)
+            best = None  # (gain per second, request, drafts added, gain, seconds, reach after)
             for rid, k in chosen.items():
                 # a request not drafting yet pays for the call once: weigh its first m drafts together
                 gain, r = 0.0, reach[rid]
@@ -318,12 +318,10 @@ class CostModelPolicy:
                     gain += r
                     cost = max((call[rid] if k == 0 else 0.0) + m * costs.per_draft + extra[m], 1e-9)
                     if best is None or gain / cost > best[0]:
-                        best = (gain / cost, rid, m, gain, cost)
+                        best = (gain / cost, rid, m, gain, cost, r)
             if best is None or best[3] * seconds <= tokens * best[4]:  # more drafts would slow the step
                 break
-            _, rid, m, gain, cost = best
-            for j in range(chosen[rid], chosen[rid] + m):
-                reach[rid] *= self._rate(rid, j)
+            _, rid, m, gain, cost, reach[rid] = best
             chosen[rid] += m
             tokens, seconds, width = tokens + gain, seconds + cost, width + m
         self._explore(chosen, limits, call, costs.per_row + costs.per_draft, seconds, tokens)
