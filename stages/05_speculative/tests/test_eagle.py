@@ -28,6 +28,19 @@ def eagle(model, seed=0, kind="eagle"):
     return EagleDrafter(head.eval(), model)
 
 
+def ready_to_draft(model, tok, calibration=None):
+    """An untrained EAGLE drafter that has seen PROMPT's features, and the sequence one token past
+    it: where a tree is drafted from."""
+    drafter = eagle(model)
+    if calibration is not None:
+        drafter.calibration = calibration
+    seq = Sequence(PROMPT, GREEDY, tok)
+    drafter.begin(seq)
+    drafter.observe(forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 64)), PROMPT), start=0)
+    seq.append(5)
+    return drafter, seq
+
+
 def run(stream, model, tok, drafter, params=GREEDY, **kw):
     seq, stats = Sequence(PROMPT, params, tok), SpecStats()
     list(stream(model, seq, drafter, stats=stats, **kw))
@@ -148,13 +161,7 @@ def test_eagle_head_round_trips_through_safetensors(tmp_path):
 
 @pytest.mark.parametrize("depth,top_k,max_nodes", [(1, 3, 2), (4, 2, 7), (5, 4, 16)])
 def test_eagle_tree_drafts_a_well_formed_tree(byte_tok, depth, top_k, max_nodes):
-    model = tiny_model("mha_untied")
-    drafter = eagle(model)
-    seq = Sequence(PROMPT, GREEDY, byte_tok)
-    drafter.begin(seq)
-    cache = KVCache(model.config, 64)
-    drafter.observe(forward_hidden(model, ContiguousKVAttention(cache), PROMPT), start=0)
-    seq.append(5)
+    drafter, seq = ready_to_draft(tiny_model("mha_untied"), byte_tok)
     tree = drafter.propose_tree(seq, depth, top_k, max_nodes)
     assert 0 < len(tree) <= max_nodes and max(tree.depths) <= depth
     assert all(p < i for i, p in enumerate(tree.parents))  # parents come first
@@ -250,12 +257,7 @@ def test_a_calibrated_tree_keeps_what_the_target_accepts(byte_tok):
     cost = VerifyCost({1: 1.0, 2: 1.02, 17: 1.6})
 
     def tree_with(calibration):
-        drafter = eagle(model)
-        drafter.calibration = calibration
-        seq = Sequence(PROMPT, GREEDY, byte_tok)
-        drafter.begin(seq)
-        drafter.observe(forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 64)), PROMPT), start=0)
-        seq.append(5)
+        drafter, seq = ready_to_draft(model, byte_tok, calibration)
         return drafter.propose_tree(seq, 3, 4, 16, cost)
 
     trusting = Calibration()
@@ -284,12 +286,7 @@ def test_a_tree_stops_where_deeper_nodes_cannot_pay(byte_tok):
     model = tiny_model("mha_untied")
 
     def tree_with(calibration, cost):
-        drafter = eagle(model)
-        drafter.calibration = calibration
-        seq = Sequence(PROMPT, GREEDY, byte_tok)
-        drafter.begin(seq)
-        drafter.observe(forward_hidden(model, ContiguousKVAttention(KVCache(model.config, 64)), PROMPT), start=0)
-        seq.append(5)
+        drafter, seq = ready_to_draft(model, byte_tok, calibration)
         tree = drafter.propose_tree(seq, 4, 4, 64, cost)
         assert drafter.cache.num_tokens == len(PROMPT)
         return tree
