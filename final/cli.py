@@ -16,6 +16,7 @@ from course.s04_continuous_batching.hybrid.states import linear_layers, state_by
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
 from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, json_schema_to_grammar
+from course.s08_structured.native.walker import native_classifier
 from course.s08_structured.serving.closing import CloseOnBudget
 
 from . import compat, dashboard, harness, reasoning, responses_api, tools
@@ -53,9 +54,12 @@ def schema_grammar(schema, strict: bool, budget):
 def plug_in_json_schema(app, server) -> None:
     """The grammar cache's JSON Schema compiler, and processors that close the JSON on budget:
     when the tokens left in max_tokens are about what the shortest way to close it needs, only
-    tokens that still let it close are allowed (a valid document; "length" if it was closed early)."""
+    tokens that still let it close are allowed (a valid document; "length" if it was closed early).
+    A position's mask is made by stage 08's walk in C where a compiler is found (native/: a new
+    schema's first tokens wait ~10x less)."""
     server.grammars.schema_grammar = schema_grammar
     server.grammars.narrow = CloseOnBudget()
+    server.grammars.classify = native_classifier() or server.grammars.classify
 
 
 def plugins(door: Door | None = None, dashboard_routes: bool = True, reasoning_parser: str = "auto",

@@ -38,6 +38,7 @@ import torch
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.grammar import Grammar, lit
+from course.s08_structured.mask_cache import classify_position
 from course.s08_structured.matcher import CompiledGrammar, compile_grammar
 from course.s08_structured.vocab import TokenizerInfo
 
@@ -72,9 +73,11 @@ def warning_headers(processors) -> dict[str, str]:
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
                  timeout_s: float | None = 20.0, precompute: bool = False):
-        # given by a plug-in: the JSON Schema front end, and each processor's mask narrower
+        # given by a plug-in: the JSON Schema front end, each processor's mask narrower, and how a
+        # position's mask is made (stage 08's walk, or the same walk in C)
         self.schema_grammar: Callable[[dict | bool, bool, CompileBudget], Grammar] | None = None
         self.narrow = None
+        self.classify = classify_position
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
         self.precompute = precompute  # True: every position's mask at compile time (the first request waits)
@@ -96,7 +99,7 @@ class GrammarCache:
         # Merging equivalent positions (stage 08's minimize.py) pays when every position gets a
         # mask at compile time; made lazily, masks are few, and merging would be a third of the compile.
         compiled = compile_grammar(grammar, self.tokenizer_info(), precompute=self.precompute,
-                                   minimize=self.precompute, budget=budget)
+                                   minimize=self.precompute, budget=budget, classify=self.classify)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:
@@ -113,7 +116,8 @@ class GrammarCache:
         """Make the tables every grammar of this tokenizer uses (each token's bytes, the vocabulary
         matrix, the narrower's index of tokens by their bytes) now, at start-up, rather than in
         the first request that brings a schema: a grammar of two bytes, compiled and masked once."""
-        compiled = compile_grammar(Grammar({"root": lit("{}")}, "root"), self.tokenizer_info(), precompute=False)
+        compiled = compile_grammar(Grammar({"root": lit("{}")}, "root"), self.tokenizer_info(), precompute=False,
+                                   classify=self.classify)
         GrammarLogitsProcessor(compiled, max_new_tokens=1, narrow=self.narrow)([], torch.zeros(self.vocab_size))
 
     def cached(self, key: str | None) -> CompiledGrammar | None:

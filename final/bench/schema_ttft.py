@@ -7,9 +7,10 @@ The server is `python -m course.final serve`'s own (`build_server`, the default 
 defaults), on a local port, driven by streamed chat requests one at a time. The schemas: stage
 08's four examples and its twelve real-world ones (`realworld/schemas/`). For each schema, the
 first request (compile + first mask) and then the same request again (a cache hit), greedy,
-`--max-tokens` tokens; time to the first streamed token of each. Both ways of making the masks,
-side by side in one run: lazily, a position's mask the first time a request reaches it (the
-server's way), and precomputed for every position at compile time (stage 08's default, the
+`--max-tokens` tokens; time to the first streamed token of each. Three ways of making the masks,
+side by side in one run: lazily, a position's mask the first time a request reaches it, by
+stage 08's walk in C (the server's way, `native/`) or by the lesson's numpy walk
+(`lazy_lesson`), and precomputed for every position at compile time (stage 08's default, the
 first request waits for all of it). A request with no schema gives the floor.
 """
 from __future__ import annotations
@@ -40,7 +41,11 @@ def first_token_seconds(url: str, schema: dict | None, max_tokens: int) -> float
     raise RuntimeError("no token came back")
 
 
+MODES = ("lazy", "lazy_lesson", "precomputed")
+
+
 def run(args: argparse.Namespace) -> dict:
+    from course.s08_structured.mask_cache import classify_position
     from course.s08_structured.realworld.bench_finish import example_and_realworld_schemas
 
     from ..cli import build_server, make_parser, ready_to_serve
@@ -55,8 +60,10 @@ def run(args: argparse.Namespace) -> dict:
         ready_to_serve(srv.config.app)  # as `serve` does before it answers
         for _ in range(3):
             floor.append(first_token_seconds(url, None, args.max_tokens))
-        for mode in ("lazy", "precomputed"):
+        served_walk = grammars.classify
+        for mode in MODES:
             grammars.precompute = mode == "precomputed"
+            grammars.classify = classify_position if mode == "lazy_lesson" else served_walk
             for name, schema in example_and_realworld_schemas().items():
                 tagged = {**schema, "description": f"{mode} {name}"}  # a cache entry of its own per mode
                 try:
@@ -69,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
                              "ratio": fresh / cached})
                 print(f"{mode:>11} {name}: first {fresh * 1e3:7.1f} ms, cached {cached * 1e3:6.1f} ms", flush=True)
     summary = {}
-    for mode in ("lazy", "precomputed"):
+    for mode in MODES:
         ok = [r for r in rows if r["mode"] == mode and "ratio" in r]
         ratios = sorted(r["ratio"] for r in ok)
         summary[mode] = {"schemas": len(ok), "median_fresh_ms": statistics.median(r["fresh_s"] for r in ok) * 1e3,

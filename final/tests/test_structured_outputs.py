@@ -204,3 +204,35 @@ def test_a_new_schema_compiles_without_its_masks_and_they_are_kept_for_later_req
     made = len(compiled.masks)
     assert 0 < made < len(reference.masks)   # only the positions this answer reached
     assert asyncio.run(lazy.compiled("order", build)) is compiled and len(compiled.masks) == made
+
+
+def test_the_full_servers_masks_are_made_by_the_c_walk_and_equal_the_lessons(byte_tok):
+    """plug_in_json_schema gives the grammar cache stage 08's walk in C (native/) where a compiler
+    is found; the masks it makes along a path equal those the lesson's walk precomputes."""
+    import asyncio
+    import random
+
+    from course.final.cli import plug_in_json_schema
+    from course.final.structured import GrammarCache
+    from course.s08_structured.bench.testing import random_valid_path
+    from course.s08_structured.matcher import GrammarMatcher
+    from course.s08_structured.native.walker import NativeClassifier, native_unavailable
+
+    class Server:
+        grammars = GrammarCache(byte_tok, 258, [byte_tok.eos_token_id])
+
+    plug_in_json_schema(None, Server)
+    if native_unavailable() is not None:
+        pytest.skip(f"no C walk here: {native_unavailable()}")
+    assert isinstance(Server.grammars.classify, NativeClassifier)
+    compiled = asyncio.run(Server.grammars.compiled("answer", lambda budget: Server.grammars.schema_grammar(
+        SCHEMA, True, budget)))
+    reference = GrammarCache(byte_tok, 258, [byte_tok.eos_token_id], precompute=True)
+    reference.schema_grammar = Server.grammars.schema_grammar
+    expected = asyncio.run(reference.compiled("answer", lambda budget: reference.schema_grammar(SCHEMA, True, budget)))
+    path = random_valid_path(GrammarMatcher(expected), random.Random(1), max_tokens=40)
+    mine, theirs = GrammarMatcher(compiled), GrammarMatcher(expected)
+    for t in path:
+        assert (mine.next_token_mask() == theirs.next_token_mask()).all()
+        assert mine.accept_token(t) and theirs.accept_token(t)
+    assert compiled.masks

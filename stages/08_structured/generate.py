@@ -48,14 +48,12 @@ class GrammarLogitsProcessor:
 
     def __init__(self, compiled: CompiledGrammar, timings: list[float] | None = None, *,
                  max_new_tokens: int | None = None, narrow: MaskNarrower | None = None):
-        self.max_new_tokens, self.narrow = max_new_tokens, narrow
+        self.max_new_tokens, self.narrow, self.timings = max_new_tokens, narrow, timings
         self.narrowed_steps = 0  # masks `narrow` cut down
         self._unnarrowed: np.ndarray | None = None  # this step's grammar mask, if `narrow` cut it
         self._cuts: set[int] = set()  # positions where `narrow` took the model's first choice away
-        self.compiled = compiled
-        self.matcher = GrammarMatcher(compiled)
+        self.compiled, self.matcher = compiled, GrammarMatcher(compiled)
         self.bitmask = allocate_token_bitmask(1, compiled.info.vocab_size)
-        self.timings = timings
         self.tokens: list[int] = []  # what the matcher has accepted, in order
         self._mask_for: list[int] | None = None  # the tokens whose next-token mask is in self.bitmask
 

@@ -159,10 +159,10 @@ def classify_position(pda: PDA, pos: int, vocab: VocabMatrix, budget: CompileBud
         verdict[gone] = np.where(touched_bottom[gone], 2, 0)
         alive = alive[~died]
     verdict[alive] = 1                              # the longest tokens, if they got through
-    return _store(vocab, verdict)
+    return store_verdicts(vocab, verdict)
 
 
-def _store(vocab: VocabMatrix, verdict: np.ndarray) -> PositionMask:
+def store_verdicts(vocab: VocabMatrix, verdict: np.ndarray) -> PositionMask:
     """Keep whichever of the three forms is smallest (XGrammar's adaptive token mask cache)."""
     accepted = vocab.ids[verdict == 1].astype(np.int32)
     uncertain = vocab.ids[verdict == 2].astype(np.int32)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,21 +39,23 @@ class CompiledGrammar:
     vocab: VocabMatrix
     masks: dict[int, PositionMask] = field(default_factory=dict)
     compile_seconds: float = 0.0
+    classify: Callable = classify_position   # (pda, pos, vocab, budget) -> PositionMask
 
     def position_mask(self, pos: int) -> PositionMask:
         m = self.masks.get(pos)
         if m is None:
-            m = self.masks[pos] = classify_position(self.pda, pos, self.vocab)
+            m = self.masks[pos] = self.classify(self.pda, pos, self.vocab)
         return m
 
 
 def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True,
                     inline: bool = True, *, budget: CompileBudget | None = None,
-                    minimize: bool = True) -> CompiledGrammar:
+                    minimize: bool = True, classify: Callable = classify_position) -> CompiledGrammar:
     """Build the automaton and (by default) every position's context-independent mask now,
     before any request needs them; precompute=False fills them lazily on first use.
     inline=False keeps every rule separate (to see what inlining buys); minimize=False keeps
-    every position as built, equivalent ones too (to see what merging them buys).
+    every position as built, equivalent ones too (to see what merging them buys). `classify`
+    makes a position's mask (the server's: the same walk in C, native/walker.py).
 
     `budget` bounds this call: the automaton's size (max_build_states, max_states), and the
     deadline and cancel() for everything done here, mask precomputation included (masks
@@ -64,13 +67,13 @@ def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = Tr
         auto = compile_automaton(grammar, inline=inline, budget=budget, minimize_positions=minimize)
         if getattr(info, "_matrix", None) is None:   # built once per TokenizerInfo, kept on it
             info._matrix = VocabMatrix(info)
-        compiled = CompiledGrammar(grammar, info, auto, PDA(auto), info._matrix)
+        compiled = CompiledGrammar(grammar, info, auto, PDA(auto), info._matrix, classify=classify)
         if precompute:
             for pos in range(auto.num_positions):
                 if auto.scannable[pos]:
                     budget.working_on = f"the masks of rule {auto.rule_of[pos]!r}"
                     budget.check()
-                    compiled.masks[pos] = classify_position(compiled.pda, pos, compiled.vocab, budget)
+                    compiled.masks[pos] = classify(compiled.pda, pos, compiled.vocab, budget)
     compiled.compile_seconds = time.perf_counter() - t0
     return compiled
 
@@ -119,8 +122,7 @@ class GrammarMatcher:
 
     def stack_tops(self) -> set[int]:
         """The positions on top of the stacks alive now (each has a cached mask)."""
-        pda = self.pda
-        return {pda.nodes[n][0] for n in pda.states[self.state] if n >= 0}
+        return {self.pda.nodes[n][0] for n in self.pda.states[self.state] if n >= 0}
 
     def check_uncertain(self, mask: np.ndarray, candidates: np.ndarray) -> None:
         """Step 2: walk each uncertain token from the real state (all its stacks at once)."""

@@ -4,6 +4,7 @@ and xgrammar and llguidance as the outside references."""
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import numpy as np
 
@@ -62,6 +63,17 @@ value ::= [0-9]+ | "'" [^'\\n]* "'"
 name ::= [a-z_] [a-z0-9_]*
 """,
 }
+
+
+def example_grammars() -> dict:
+    """name -> a function that builds it: the ten example grammars (schemas, regexes, EBNF)."""
+    from ..frontends.ebnf import parse_ebnf
+    from ..frontends.regex_parser import regex_to_grammar
+    from ..json_schema import json_schema_to_grammar
+
+    return {**{f"schema-{n}": partial(json_schema_to_grammar, s) for n, s in EXAMPLE_SCHEMAS.items()},
+            **{f"regex-{n}": partial(regex_to_grammar, p) for n, p in EXAMPLE_REGEXES.items()},
+            **{f"ebnf-{n}": partial(parse_ebnf, t) for n, t in EXAMPLE_EBNF.items()}}
 
 
 def accepts(grammar: Grammar | PDA, text: str | bytes) -> bool:

@@ -16,7 +16,9 @@ schema, side by side with xgrammar and llguidance (PyPI; C++ and Rust):
                   compiler (cache off); llguidance's matcher creation. Same tokenizer.
     mask time     per token, along one short random valid path drawn from our best-effort
                   grammar, for the first request of the schema (ours makes its masks on the
-                  way); the others follow the same path while they accept it. Median and p99.
+                  way, as the server does: the walk in C, native/; "ours, lesson walk" makes
+                  them with mask_cache.py's numpy walk); the others follow the same path while
+                  they accept it. Median and p99.
 
 Every compile of ours runs under a CompileBudget (stage 08's default limits, `--timeout` s of
 wall clock): a refusal is reported as "refused (budget: LIMIT)", never a crash.
@@ -27,6 +29,8 @@ wall clock): a refusal is reported as "refused (budget: LIMIT)", never a crash.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import random
 import statistics
@@ -82,6 +86,25 @@ def _short(e: BaseException, n: int = 160) -> str:
     return text if len(text) <= n else text[:n - 3] + "..."
 
 
+@functools.cache
+def served_classify():
+    """How the server makes a position's mask: the walk in C (native/), or the lesson's without a compiler."""
+    from ..mask_cache import classify_position
+    from ..native.walker import native_classifier
+
+    return native_classifier() or classify_position
+
+
+def prepare_tables(info) -> None:
+    """What the server makes at start-up (final/'s GrammarCache.prepare), before any schema: the
+    vocabulary's tables, by compiling a two-byte grammar and making its first mask."""
+    from ..grammar import Grammar, lit
+    from ..matcher import GrammarMatcher, compile_grammar
+
+    GrammarMatcher(compile_grammar(Grammar({"root": lit("{}")}, "root"), info, precompute=False,
+                                   classify=served_classify())).next_token_mask()
+
+
 def _ours(schema, mode: str, info, timeout_s: float, compile_masks: bool, limits: dict | None = None):
     """(status, detail, grammar, compiled, seconds). status: ok / refused (budget) / unsupported /
     error. Schema -> grammar (and, if compile_masks, the automaton as the server builds it: masks
@@ -97,7 +120,8 @@ def _ours(schema, mode: str, info, timeout_s: float, compile_masks: bool, limits
     try:
         grammar = json_schema_to_grammar(schema, mode=mode, budget=budget)
         if compile_masks:
-            compiled = compile_grammar(grammar, info, precompute=False, minimize=False, budget=budget)
+            compiled = compile_grammar(grammar, info, precompute=False, minimize=False, budget=budget,
+                                       classify=served_classify())
     except LimitExceeded as e:
         return "refused (budget)", f"{e.limit}: {_short(e)}", grammar, None, time.perf_counter() - t0
     except GrammarError as e:
@@ -145,19 +169,24 @@ def _mask_times(compiled, x_compiled, l_matcher, vocab_size: int, seed: str, max
     matchers are timed on the same steps while they accept the path's tokens."""
     import xgrammar as xgr
 
-    from ..matcher import GrammarMatcher, allocate_token_bitmask
     from ..bench.testing import random_valid_path
+    from ..mask_cache import classify_position
+    from ..matcher import GrammarMatcher, allocate_token_bitmask
+    from ..pda import PDA
 
     path = random_valid_path(GrammarMatcher(compiled), random.Random(seed), max_tokens, end_bias=0.2)
-    compiled.masks.clear()  # drawing the path made masks: this request is the schema's first
-    m = GrammarMatcher(compiled)
+    # this request is the schema's first: no mask made yet, no move of the automaton taken
+    fresh = lambda **kw: dataclasses.replace(compiled, pda=PDA(compiled.automaton), masks={}, **kw)  # noqa: E731
+    m, lesson = GrammarMatcher(fresh()), GrammarMatcher(fresh(classify=classify_position))
     xm = xgr.GrammarMatcher(x_compiled) if x_compiled is not None else None
     lm = l_matcher
     bitmask, x_bitmask = allocate_token_bitmask(1, vocab_size), xgr.allocate_token_bitmask(1, vocab_size)
-    times = {"ours": [], "xgrammar": [], "llguidance": []}
+    times = {"ours": [], "ours_lesson": [], "xgrammar": [], "llguidance": []}
     left_at = {"xgrammar": None, "llguidance": None}
     for step, t in enumerate(path):
         times["ours"].append(timed(m.fill_next_token_bitmask, bitmask) * 1e3)
+        times["ours_lesson"].append(timed(lesson.fill_next_token_bitmask, bitmask) * 1e3)
+        assert lesson.accept_token(t)
         if xm is not None:
             times["xgrammar"].append(timed(xm.fill_next_token_bitmask, x_bitmask) * 1e3)
             if not xm.accept_token(t):
@@ -207,6 +236,7 @@ def bench_schema(name, schema, info, x_compiler, l_tokenizer, timeout_s: float, 
 
 
 ENGINES = {"ours": "compile_s", "xgrammar": "xgrammar_compile_s", "llguidance": "llguidance_compile_s"}
+MASKERS = [*ENGINES, "ours_lesson"]   # ours_lesson: our masks made by the lesson's walk (no compile of its own)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -217,8 +247,8 @@ def summarize(rows: list[dict]) -> dict:
     mr = [r["mask_ratio"] for r in rows if r["mask_ratio"] is not None]
     common = [r for r in rows if all(r[key] is not None for key in ENGINES.values())]
     per_engine = {}
-    for engine, key in ENGINES.items():
-        compiles = [r[key] * 1e3 for r in common]
+    for engine in MASKERS:
+        compiles = [r[ENGINES[engine]] * 1e3 for r in common] if engine in ENGINES else []
         masks = [x for r in common if r["mask"] and "times_ms" in r["mask"] for x in r["mask"]["times_ms"][engine]]
         per_engine[engine] = {"compile_median_ms": statistics.median(compiles) if compiles else None,
                               "compile_p99_ms": percentile(compiles, 0.99),
@@ -283,19 +313,19 @@ def summary_table(s: dict) -> str:
     ratio = lambda k: "-" if s[k] is None else f"{s[k]:.1f}x"  # noqa: E731
     e = s["engines"]
     ms = lambda engine, k: "-" if e[engine][k] is None else f"{e[engine][k]:.3g}"  # noqa: E731
-    times = [f"| {label} (the {s['all_three']} all three compile) | " + " | ".join(ms(x, k) for x in ENGINES) + " |"
+    times = [f"| {label} (the {s['all_three']} all three compile) | " + " | ".join(ms(x, k) for x in MASKERS) + " |"
              for label, k in (("compile, median ms", "compile_median_ms"), ("compile, p99 ms", "compile_p99_ms"),
                               ("mask per token, median ms", "mask_median_ms"), ("mask per token, p99 ms", "mask_p99_ms"))]
     return "\n".join([
-        "| metric | ours | xgrammar | llguidance |", "|---|---|---|---|",
-        f"| schema accepted in strict mode (grammar built) | {pct('ours_strict')} | - | - |",
+        "| metric | ours | xgrammar | llguidance | ours, lesson walk |", "|---|---|---|---|---|",
+        f"| schema accepted in strict mode (grammar built) | {pct('ours_strict')} | - | - | |",
         f"| compiles (ours: best-effort, grammar + automaton) | {pct('ours_best_effort')} | "
-        f"{pct('xgrammar')} | {pct('llguidance')} |",
-        f"| refused by the CompileBudget (best-effort) | {s['ours_refused_budget']} | - | - |",
+        f"{pct('xgrammar')} | {pct('llguidance')} | |",
+        f"| refused by the CompileBudget (best-effort) | {s['ours_refused_budget']} | - | - | |",
         *times,
-        f"| compiled by both ours and xgrammar | {s['both']} | | |",
-        f"| median compile time, ours / xgrammar (n={s['compile_ratio_n']}) | {ratio('median_compile_ratio')} | 1x | |",
-        f"| median mask time per token, ours / xgrammar (n={s['mask_ratio_n']}) | {ratio('median_mask_ratio')} | 1x | |",
+        f"| compiled by both ours and xgrammar | {s['both']} | | | |",
+        f"| median compile time, ours / xgrammar (n={s['compile_ratio_n']}) | {ratio('median_compile_ratio')} | 1x | | |",
+        f"| median mask time per token, ours / xgrammar (n={s['mask_ratio_n']}) | {ratio('median_mask_ratio')} | 1x | | |",
     ])
 
 
@@ -334,6 +364,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.only:
         schemas = {k: v for k, v in schemas.items() if any(o in k for o in args.only)}
     info = TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_ids=stop)
+    prepare_tables(info)
     x_compiler = xgrammar_compiler(tokenizer, vocab_size, cache_enabled=False)
     l_tokenizer = llguidance_tokenizer(tokenizer, vocab_size)
     limits = {k: v for k, v in (("max_states", args.max_states), ("max_nodes", args.max_nodes)) if v is not None}

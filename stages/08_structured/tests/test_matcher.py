@@ -5,13 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-from course.s08_structured.bench.testing import (EXAMPLE_EBNF, EXAMPLE_REGEXES, EXAMPLE_SCHEMAS, random_valid_path,
-                                                 synthetic_vocab)
+from course.s08_structured.bench.testing import example_grammars, random_valid_path, synthetic_vocab
 from course.s08_structured.frontends.ebnf import parse_ebnf
 from course.s08_structured.frontends.regex_parser import regex_to_grammar
 from course.s08_structured.grammar import Grammar, GrammarError, chars, lit, seq, star
-from course.s08_structured.json_schema import json_schema_to_grammar
-from course.s08_structured.mask_cache import _store
+from course.s08_structured.mask_cache import store_verdicts
 from course.s08_structured.matcher import (GrammarMatcher, allocate_token_bitmask, apply_token_bitmask,
                                            compile_grammar, pack_mask, unpack_bitmask)
 from course.s08_structured.naive import naive_token_mask
@@ -20,16 +18,7 @@ VOCAB = synthetic_vocab(seed=0, texts=("{}[]\":, -0123456789.ab_eé😀truefalsn
                                        "yes no because @.com.org (555) 123-4567 ABC-019 2024-11-22"))
 
 
-def example_grammars():
-    for name, schema in EXAMPLE_SCHEMAS.items():
-        yield f"schema-{name}", lambda s=schema: json_schema_to_grammar(s)
-    for name, pattern in EXAMPLE_REGEXES.items():
-        yield f"regex-{name}", lambda p=pattern: regex_to_grammar(p)
-    for name, text in EXAMPLE_EBNF.items():
-        yield f"ebnf-{name}", lambda t=text: parse_ebnf(t)
-
-
-GRAMMARS = dict(example_grammars())
+GRAMMARS = example_grammars()
 
 
 @pytest.mark.parametrize("name", sorted(GRAMMARS))
@@ -112,7 +101,7 @@ def test_every_storage_form_holds_the_same_set():
     compiled = compile_grammar(GRAMMARS["schema-order"](), VOCAB)
     rng = np.random.default_rng(0)
     verdict = rng.integers(0, 3, len(compiled.vocab)).astype(np.int8)
-    stored = _store(compiled.vocab, verdict)
+    stored = store_verdicts(compiled.vocab, verdict)
     expected = np.zeros(VOCAB.vocab_size, bool)
     expected[compiled.vocab.ids[verdict == 1]] = True
     for kind, data in (("accepted", np.flatnonzero(expected).astype(np.int32)),

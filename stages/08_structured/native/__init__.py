@@ -1,0 +1,1 @@
+"""Compiled masks: classify_position's walk in C (walker.py, walk.c), for the server's first requests."""
