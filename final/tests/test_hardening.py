@@ -151,16 +151,32 @@ def deep_arrays(depth: int) -> dict:
     ({"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(3000)},
       "required": [f"p{i}" for i in range(3000)]}, "max_"),
     ({"enum": [f"value number {i}" for i in range(15000)]}, "max_enum_values"),
-    ({"type": "string", "maxLength": 1e20}, "max_repeat"),
-    ({"type": "string", "minLength": 10**9}, "max_repeat"),
+    ({"type": "string", "maxLength": 1e20, "strict": True}, "max_repeat"),
+    ({"type": "string", "minLength": 10**9, "strict": True}, "max_repeat"),
     ({"type": "string", "pattern": "^(a{1000}){1000}$"}, "max_"),
 ])
 def test_hardening_hostile_schemas_are_refused_fast_naming_the_limit(server, schema, limit):
-    body = {"prompt": "x", "max_tokens": 4,
-            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+    schema = dict(schema)
+    strict = schema.pop("strict", None)
+    body = {"prompt": "x", "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "s", "schema": schema, **({"strict": strict} if strict is not None else {})}}}
     start = time.monotonic()
     message = assert_openai_error(post(server[0], COMPLETIONS, body), 400)
     assert limit in message and time.monotonic() - start < 20  # a hang guard, not a benchmark
+
+
+@pytest.mark.parametrize("bound", [{"maxLength": 1e20}, {"minLength": 10**9}, {"maxLength": 32767}])
+def test_hardening_a_huge_string_bound_is_relaxed_by_name_in_best_effort(server, bound):
+    """Best-effort writes no bound past 256 characters, so there is nothing to count: the bound is
+    relaxed and reported in the warnings header (beside the serving default bound that then
+    applies), and the answer is served."""
+    schema = {"type": "object", "properties": {"note": {"type": "string", **bound}}, "required": ["note"]}
+    body = {"prompt": "x", "max_tokens": 4,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+    r = post(server[0], COMPLETIONS, body)
+    assert r.status_code == 200, r.text
+    warnings = json.loads(r.headers["x-structured-output-warnings"])
+    assert (next(iter(bound)), "#/properties/note") in [(w["keyword"], w["at"]) for w in warnings]
 
 
 def test_hardening_schema_compile_deadline_is_a_400_naming_the_expensive_part(byte_tok):
@@ -179,7 +195,7 @@ def endless_compile(monkeypatch):
     from course.final import structured
     started, stopped = threading.Event(), threading.Event()
 
-    def compile_until_stopped(grammar, info, precompute=True, minimize=True, budget=None):
+    def compile_until_stopped(grammar, info, precompute=True, minimize=True, budget=None, classify=None):
         started.set()
         try:
             while True:
