@@ -1,4 +1,4 @@
-"""A position's mask made in C: mask_cache.classify_position's verdicts, ~100x sooner.
+"""A position's mask made in C: mask_cache.classify_position's verdicts, ~10x sooner.
 
 The lesson's walk steps the vocabulary through the pushdown automaton in numpy, one byte column
 at a time, and each new (state, byte) pair in Python: a position's first mask costs milliseconds,
@@ -31,7 +31,7 @@ from ..mask_cache import PositionMask, VocabMatrix, classify_position
 from ..pda import PDA
 
 SOURCE = Path(__file__).with_name("walk.c")
-MAX_STATES = 1 << 16        # a state's 256 moves are a dense row: 64 MiB at the limit
+MAX_STATES = 1 << 14        # a state's 256 moves are a dense row: 16 MiB at the limit (then it starts afresh)
 MAX_NODES = 1 << 22
 LOAD = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)   # walk.c asks for a position's tables
 
@@ -170,7 +170,7 @@ def _loader(auto, trans, final, scannable, pure_end, scratch):
             for k, (callee, ret) in enumerate(calls):
                 scratch[2 * k], scratch[2 * k + 1] = callee, ret
             return len(calls)
-        except Exception:  # noqa: BLE001 - C cannot take a Python exception: it gives up on this walk
+        except BaseException:  # noqa: BLE001 - C cannot take a Python exception: it gives up on this walk
             return -1
     return load
 

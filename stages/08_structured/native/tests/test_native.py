@@ -10,11 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from course.s06_kernels_graphs.cpu import native
+
 from course.s08_structured.bench.testing import example_grammars, random_valid_path, synthetic_vocab
 from course.s08_structured.json_schema import BEST_EFFORT, json_schema_to_grammar
 from course.s08_structured.mask_cache import classify_position
 from course.s08_structured.matcher import GrammarMatcher, compile_grammar
-from course.s08_structured.native.walker import NativeClassifier, SortedVocab, Walker, native_unavailable
+from course.s08_structured.native.walker import (NativeClassifier, SortedVocab, Walker, native_classifier,
+                                                 native_unavailable)
 
 pytestmark = pytest.mark.skipif(native_unavailable() is not None, reason=f"no C walk here: {native_unavailable()}")
 
@@ -126,3 +129,15 @@ def test_a_matcher_with_native_masks_follows_the_same_path(smollm2_info):
     for token in path:
         assert np.array_equal(a.next_token_mask(), b.next_token_mask())
         assert a.accept_token(token) and b.accept_token(token)
+
+
+def test_without_a_compiler_the_lesson_walk_serves(tmp_path, monkeypatch):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("COURSE_KERNEL_CACHE", str(tmp_path / "cache"))  # empty: nothing compiled to reuse
+    native.forget_loaded()
+    try:
+        assert "no C compiler" in native_unavailable() and native_classifier() is None
+    finally:
+        monkeypatch.undo()
+        native.forget_loaded()
+    assert native_unavailable() is None
