@@ -9,6 +9,7 @@ lm_head), random weights of the real shapes, `rows` activation rows (1 = one dec
   linear          torch's F.linear, stage 01's seven matmuls per layer
   merged          QKV and gate-up concatenated (fused_model.py): four per layer
   merged+split    each merged matmul as one bmm over P row blocks (split_linear.py)
+  merged, oneDNN  each merged matmul by oneDNN's matmul (onednn.py: past 64 rows, where faster)
   bf16 / +split   the same in bfloat16 weights and activations (this CPU has AVX-512 BF16)
   int8 w-only     int8 weights, one scale per output row, bf16 activations
                   (torch._weight_int8pack_mm, the kernel torch's own int8 CPU path uses)
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 
 from course.s01_decode_loop.bench.measure import bench_cli, median_of
 
+from .onednn import onednn_available, onednn_product
 from .split_linear import split_matmul
 
 LAYERS, HIDDEN, KV, INTER, VOCAB = 30, 576, 192, 1536, 49152
@@ -67,6 +69,8 @@ def run(rows_list: list[int], parts: int) -> list[dict]:
             "linear": (lambda: [F.linear(x[w.shape[1]], w) for w in plain], 4),
             "merged": (lambda: [F.linear(x[w.shape[1]], w) for w in merged], 4),
             f"merged+split{parts}": (lambda: [split_matmul(x[w.shape[1]], w, parts) for w in merged], 4),
+            **({"merged, oneDNN": (lambda: [onednn_product(x[w.shape[1]], w) for w in merged], 4)}
+               if onednn_available() else {}),
             "bf16 merged": (lambda: [F.linear(xb[w.shape[1]], w) for w in merged_bf16], 2),
             f"bf16 merged+split{parts}": (lambda: [split_matmul(xb[w.shape[1]], w, parts) for w in merged_bf16], 2),
             "int8 w-only": (lambda: [torch._weight_int8pack_mm(xb[q.shape[1]], q, s) for q, s in merged_int8], 1),

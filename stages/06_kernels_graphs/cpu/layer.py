@@ -32,6 +32,7 @@ from torch import nn
 from . import native
 from .attention import KV_KINDS
 from .int8_linear import Int8Linear, quantize_rows
+from .onednn import choice, onednn_product
 from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("layer.c")
@@ -92,6 +93,8 @@ def product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = 
     """x [m, k] @ weight[n, k].T through layer.c (float32 x); weight float32,
     or int8 with one float32 scale per row."""
     x = x.contiguous()
+    if scale is None and x.shape[0] > BLOCKED_ROWS and choice(weight) == "onednn":
+        return onednn_product(x, weight)   # many rows (a prompt's logprobs): onednn.py
     out = x.new_empty(x.shape[0], weight.shape[0])
     m, (n, k), threads = x.shape[0], weight.shape, torch.get_num_threads()
     if scale is None:
@@ -129,6 +132,8 @@ class CpuLayers:
         first = model.layers[0]
         self.qkv_width, self.attn_width = (first.n_heads + 2 * first.n_kv) * first.d, first.n_heads * first.d
         self.scratch = None  # kept between steps: big steps would page-fault anew
+        # the fused model's own ops could do a step's GEMMs in oneDNN: float32 split linears
+        self.gemms_by_ops = all(type(m) is SplitLinear for m in (first.qkv, first.o_proj, first.gate_up, first.down_proj))
         self._draft_rows = None  # (float rows, their int8 codes, scales): draft_product's
 
     @classmethod
@@ -140,8 +145,12 @@ class CpuLayers:
         return cls(model, backend, weights) if all(weights) else None
 
     def step(self, attn, x, cos, sin, meta):
-        """The step's LayerCalls.run, for this backend's steps with float32 activations."""
+        """The step's LayerCalls.run, for this backend's steps with float32 activations; None
+        (the fused model's own ops) for a step of many rows whose GEMMs oneDNN does faster
+        than the sgemm the C layer would call (onednn.py: the split linears take it there)."""
         if attn is not self.backend or x.dtype != torch.float32:
+            return None
+        if x.shape[0] > BLOCKED_ROWS and self.gemms_by_ops and choice(self.weights[0].weights[0]) == "onednn":
             return None
         return LayerCalls(self, x, cos, sin, meta).run
 

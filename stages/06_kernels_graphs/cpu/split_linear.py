@@ -10,12 +10,15 @@ is still one row of W times x), so only float rounding can differ from `F.linear
     python -m course.s06_kernels_graphs.cpu.bench_linear   # the ratio on this machine (and bf16, int8)
 
 Measured on our 2-core CPU (fp32, one decode step's decoder matmuls of SmolLM2-135M, merged QKV
-and gate-up): M=1 37.7 -> 20.8 ms, M=32 106.8 -> 63.6 ms, M=256 402.9 -> 318.4 ms.
+and gate-up): M=1 37.7 -> 20.8 ms, M=32 106.8 -> 63.6 ms, M=256 402.9 -> 318.4 ms. Past MANY_ROWS
+rows a product is a GEMM, and goes to oneDNN where that is faster on this host (onednn.py).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .onednn import MANY_ROWS, choice, onednn_product
 
 
 class SplitLinear(nn.Module):
@@ -30,6 +33,8 @@ class SplitLinear(nn.Module):
         self.in_features, self.out_features = k, n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() > MANY_ROWS * x.shape[-1] and x.dtype == torch.float32 and choice(self.weight) == "onednn":
+            return onednn_product(x, self.weight, self.bias)   # a prefill's GEMM: onednn.py
         out = split_matmul(x, self.weight, self.parts)
         return out + self.bias if self.bias is not None else out
 

@@ -160,8 +160,14 @@ BIG_STEPS = [(list(range(30, 43)), [(0, 12, [9, 10, 11]), (8, 1, [6, 7, 8])]),
 MAX_TOKENS, MAX_BLOCKS = BLOCKED_ROWS + 3, 17
 
 
+@pytest.fixture
+def gemms_in_c(monkeypatch):
+    """Steps of many rows stay in the C layer (its sgemm path), wherever oneDNN would be faster."""
+    monkeypatch.setenv("COURSE_MANY_ROWS_PRODUCT", "mkl")
+
+
 @pytest.mark.parametrize("name", ["gqa_tied", "mha_untied", "mqa_odd_heads", "llama3_rope", "qwen3"])
-def test_one_call_layers_equal_the_per_op_path(name, spy):
+def test_one_call_layers_equal_the_per_op_path(name, spy, gemms_in_c):
     one_call, per_op = _pair(name)
     assert cpu_layer._torch_sgemm() is not None  # torch's CPU build carries MKL's sgemm_
     for tokens, seqs in STEPS + BIG_STEPS:
@@ -175,7 +181,7 @@ def test_one_call_layers_equal_the_per_op_path(name, spy):
 
 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.int8, torch.float8_e4m3fn])
-def test_one_call_layers_write_and_read_a_stored_pool_as_the_per_op_path(kv_dtype, spy):
+def test_one_call_layers_write_and_read_a_stored_pool_as_the_per_op_path(kv_dtype, spy, gemms_in_c):
     """The C layer's KV write rounds or quantizes as stage 03's `quantize` does (a code may
     differ by one where x / scale falls on a rounding tie: the C multiplies by the reciprocal),
     and its attention reads the codes where they lie."""
@@ -189,6 +195,24 @@ def test_one_call_layers_write_and_read_a_stored_pool_as_the_per_op_path(kv_dtyp
     for got, want in ((c.k, t.k), (c.v, t.v)):
         differ = (got.float() != want.float()).float().mean().item()
         assert differ < 0.01, f"{differ:.1%} of the codes differ"
+
+
+def test_a_step_of_many_rows_runs_its_gemms_in_onednn_where_chosen(spy, monkeypatch):
+    """With oneDNN chosen (onednn.py), a step past BLOCKED_ROWS runs the fused model's own ops,
+    whose split linears multiply in oneDNN, and equals the C layer's sgemm step; smaller steps
+    stay in the C layer."""
+    monkeypatch.setenv("COURSE_MANY_ROWS_PRODUCT", "mkl")
+    in_c, _ = _pair("gqa_tied")
+    want = [_step(in_c, tokens, seqs) for tokens, seqs in STEPS[:1] + BIG_STEPS]
+    layers = in_c[0].config.num_hidden_layers
+    assert len(spy) == 3 * layers
+    monkeypatch.setenv("COURSE_MANY_ROWS_PRODUCT", "onednn")
+    by_ops, _ = _pair("gqa_tied")
+    got = [_step(by_ops, tokens, seqs) for tokens, seqs in STEPS[:1] + BIG_STEPS]
+    assert len(spy) == 3 * layers + 2 * layers  # the 67-row step: no C layer
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(by_ops[1].k, in_c[1].k, atol=1e-5, rtol=1e-5, equal_nan=True)
 
 
 def test_what_the_c_does_not_cover_takes_the_per_op_path(spy):
@@ -228,7 +252,7 @@ def test_engine_tokens_are_the_same_with_and_without_one_call_layers(name, byte_
     assert spy  # decode steps of 3 rows ran through the C layer
 
 
-def test_without_a_blas_the_blocked_kernel_takes_every_step(spy):
+def test_without_a_blas_the_blocked_kernel_takes_every_step(spy, gemms_in_c):
     """A torch without sgemm_ (no MKL): steps of any size still run in C, all in the blocked kernel."""
     lib = cpu_layer._library()
     lib.set_sgemm(None, BLOCKED_ROWS)

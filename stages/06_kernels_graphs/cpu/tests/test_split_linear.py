@@ -55,6 +55,8 @@ def test_bench_linear_times_every_way_on_one_row(capsys):
     from course.s06_kernels_graphs.cpu.bench_linear import run
 
     rows = run([1], parts=2)
-    assert [r["way"] for r in rows] == ["linear", "merged", "merged+split2", "bf16 merged", "bf16 merged+split2",
-                                        "int8 w-only"]
+    from course.s06_kernels_graphs.cpu.onednn import onednn_available
+
+    assert [r["way"] for r in rows] == ["linear", "merged", "merged+split2", *["merged, oneDNN"] * onednn_available(),
+                                        "bf16 merged", "bf16 merged+split2", "int8 w-only"]
     assert all(r["ms"] > 0 and r["rows"] == 1 for r in rows) and rows[0]["speedup"] == 1.0
