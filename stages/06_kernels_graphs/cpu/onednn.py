@@ -33,7 +33,7 @@ def onednn_available() -> bool:
 
 def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., k] @ weight[n, k].T (+ bias) by oneDNN's matmul, float32."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
 
 
 def choice(weight: torch.Tensor) -> str:
