@@ -9,7 +9,8 @@ everything between the products in C. The products of up to BLOCKED_ROWS rows ar
 layer.c's register-blocked kernel, which beats torch's `bmm` and MKL there (it streams
 each weight once, and keeps both FMA units busy from 4 rows on); bigger float32 ones are the
 `sgemm_` of torch's own MKL, whose address is handed to the C (bench_cpu_kernels.py prints
-the ratios).
+the ratios), or, where oneDNN's matmul is timed faster (onednn.py: AMD hosts), the whole step
+runs op by op so the split linears can call it.
 
 The cpu attention backend offers these layers through the backend seam (`CpuLayers`, from its
 `layer_kernels`) where the C covers the model: float32 or int8 (int8_linear.py's) weights
