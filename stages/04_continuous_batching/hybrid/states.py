@@ -54,6 +54,14 @@ def prefix_hash(token_ids: list[int], length: int, block_size: int) -> bytes | N
     return h
 
 
+def chained_hashes(token_ids: list[int], block_size: int, upto: int, done: int = 0, h: bytes | None = None):
+    """(length, prefix_hash(token_ids, length)) for each block end past `done` up to `upto`, chained on
+    from `h`, the hash at `done`: each block hashed once."""
+    for i in range(done // block_size, upto // block_size):
+        h = hash_block(h, token_ids[i * block_size:(i + 1) * block_size])
+        yield (i + 1) * block_size, h
+
+
 class RecurrentStates:
     def __init__(self, layers: list[int], block_size: int, interval: int | None = None, max_snapshots: int = 512):
         self.layers, self.block_size = list(layers), block_size
@@ -108,8 +116,8 @@ class RecurrentStates:
         done, h = self.chains.get(rid, (0, None))
         if done > length:
             done, h = 0, None
-        for i in range(done // self.block_size, length // self.block_size):
-            h = hash_block(h, ids[i * self.block_size:(i + 1) * self.block_size])
+        for _, h in chained_hashes(ids, self.block_size, length, done, h):
+            pass  # the hash at `length` is the last one
         self.chains[rid] = (length, h)
         return h
 
@@ -132,11 +140,9 @@ class RecurrentStates:
         (the prefix hashed once, each boundary named on the way)."""
         if not self.snapshots:
             return 0
-        names, h, bs = {}, None, self.block_size
-        for i in range((hit_tokens - hit_tokens % self.interval) // bs):
-            h = hash_block(h, token_ids[i * bs:(i + 1) * bs])
-            if (i + 1) * bs % self.interval == 0:
-                names[(i + 1) * bs] = h
+        deepest = hit_tokens - hit_tokens % self.interval
+        names = {length: h for length, h in chained_hashes(token_ids, self.block_size, deepest)
+                 if length % self.interval == 0}
         for length in sorted(names, reverse=True):
             snap = self.snapshots.get(names[length])
             if snap is not None and len(snap) == len(self.layers):
