@@ -33,7 +33,7 @@ from torch import nn
 from . import native
 from .attention import KV_KINDS
 from .int8_linear import Int8Linear, quantize_rows
-from .onednn import choice, onednn_product
+from .onednn import MANY_ROWS, choice, onednn_product
 from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("layer.c")
@@ -42,7 +42,7 @@ FLAGS = native.BASE_FLAGS + ["-ffast-math"]  # what attention.c, included, needs
 # CPU (bench_cpu_kernels.py: 1.7-1.9x at 4-8 rows, 1.4x at 16, 1.2x at 32 and 64, 0.98x at 128:
 # a GEMM's cache blocking over k wins there). Past it the C layer calls that sgemm for float32
 # weights (int8 ones, and float32 ones where torch has no sgemm_, stay in the blocked kernel).
-BLOCKED_ROWS = 64
+BLOCKED_ROWS = MANY_ROWS  # onednn.py's: the same rows decide between its GEMMs and ours
 
 
 @native.cached_loader

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 CHOICES = ("mkl", "onednn")
-MANY_ROWS = 64  # past this many rows a product is a GEMM (layer.py's BLOCKED_ROWS: the C layer's crossover)
+MANY_ROWS = 64  # past this many rows a product is a GEMM (layer.c's blocked kernel wins below: layer.py)
 _chosen: dict[tuple[int, int], str] = {}
 
 

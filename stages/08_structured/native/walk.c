@@ -21,7 +21,6 @@
 
 typedef struct {
     /* the automaton, borrowed */
-    int32_t n_pos;
     /* load(p) writes trans row p, final/scannable/pure_end[p], and p's (callee, ret) pairs into
        scratch, returning how many (-1: failed); p's entries are valid once loaded[p] */
     int32_t (*load)(int32_t);
@@ -267,7 +266,7 @@ Walker *walker_new(int32_t n_pos, int32_t (*load)(int32_t), const int32_t *trans
                    int64_t max_states, int64_t max_nodes) {
     Walker *w = calloc(1, sizeof(Walker));
     if (!w) return NULL;
-    w->n_pos = n_pos; w->load = load; w->trans = trans; w->scratch = scratch;
+    w->load = load; w->trans = trans; w->scratch = scratch;
     w->final = final; w->scannable = scannable; w->pure_end = pure_end;
     w->loaded = calloc((size_t)n_pos, 1);
     w->call_start = calloc((size_t)n_pos, sizeof(int64_t));
