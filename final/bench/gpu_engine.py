@@ -120,10 +120,10 @@ class StepTimer:
         event.record()
         return event
 
-    def __call__(self, token_ids, seqs, sample_rows, feed=None, trees=None):
+    def __call__(self, token_ids, seqs, sample_rows, feed=None, trees=None, groups=None):
         kind = "decode" if all(n == 1 for _, n, _ in seqs) else "mixed"
         start = self.now()
-        out = self.run(token_ids, seqs, sample_rows, feed, trees)
+        out = self.run(token_ids, seqs, sample_rows, feed, trees, groups)
         self.marks.append((kind, out.graphed, start, self.now()))
         return out
 

@@ -15,7 +15,8 @@ through the LM head and a log-softmax, chunk by chunk, however many steps its pr
 The answer lands in the request's `ScoredParams.rows`, complete before its first token is sent.
 
 A request that asks computes its whole prompt: a prefix-cache hit would skip the rows it needs
-(vLLM skips the cache for such requests too). `ScoringBlocks` is that one exception to caching.
+(vLLM skips the cache for such requests too): the one exception to caching, through the block
+manager's `prefix_limit`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,6 @@ from typing import NamedTuple
 import torch
 
 from course.s01_decode_loop.sampling import SamplingParams
-from course.s03_paged.block_manager import BlockManager
 
 
 class PromptRow(NamedTuple):
@@ -57,17 +57,6 @@ def asks(req) -> ScoredParams | None:
     return params if isinstance(params, ScoredParams) else None
 
 
-class ScoringBlocks(BlockManager):
-    """Stage 03's block manager, with no cache hit for a prompt that must be scored."""
-
-    def __init__(self, like: BlockManager, scores_prompt):
-        super().__init__(like.num_blocks, like.block_size, like.enable_prefix_caching)
-        self.scores_prompt = scores_prompt  # token ids -> does their request need every row?
-
-    def cached_prefix(self, token_ids: list[int]) -> list[int]:
-        return [] if self.scores_prompt(token_ids) else super().cached_prefix(token_ids)
-
-
 class PromptLogprobs:
     """The engine's prompt scorer, hooked into `engine` (final/engine.py's Engine, before its first
     step). While no request asks it costs one isinstance per chunk per step."""
@@ -76,7 +65,10 @@ class PromptLogprobs:
         self.engine = engine
         # the scheduler asks the block manager about a request by its token ids only (and may have
         # taken it off the waiting queue already): find it among the engine's requests
-        engine.blocks = engine.scheduler.blocks = ScoringBlocks(engine.blocks, self._scores)
+        # a prompt that must be scored takes no cache hit: its block manager's prefix limit says 0
+        # (after any limit already there: a hybrid model's state snapshots)
+        earlier = engine.blocks.prefix_limit
+        engine.blocks.prefix_limit = lambda ids, hit: 0 if self._scores(ids) else (earlier(ids, hit) if earlier else hit)
         engine.after_forward.append(self.collect)
 
     def _scores(self, token_ids: list[int]) -> bool:

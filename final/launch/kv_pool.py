@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from course.s02_kv_cache.kv_size import human
+from course.s03_paged.layer_groups import window_group_blocks
 from course.s03_paged.quantized_kv import pool_bytes_per_token
 
 from .sizing import GPU_BUDGET, GPU_SEQS
@@ -65,14 +66,22 @@ def parse_size(text: str, flag: str = "--kv-memory") -> int:
 
 
 def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype, device: str = "cpu",
-                  memory_info=None, reserved_blocks: int = 1, kv_dtype: torch.dtype | None = None) -> int:
+                  memory_info=None, reserved_blocks: int = 1, kv_dtype: torch.dtype | None = None,
+                  layers: int | None = None, beside: int = 0) -> int:
     """--kv-blocks as given; or as many blocks as `kv_memory` bytes (--kv-memory) hold for this
     model, its K/V stored as `kv_dtype` (default: `dtype`; int8 codes and their scales count); or,
     on CUDA, as many as --gpu-memory-utilization of the card leaves after the weights
-    (`memory_info` as torch.cuda.mem_get_info); else 512."""
+    (`memory_info` as torch.cuda.mem_get_info); else 512. With layer groups: `layers`, the full
+    group's (its blocks cost only those), and `beside`, the bytes the sliding groups take first."""
     per_block = args.block_size * pool_bytes_per_token(model_config, kv_dtype or dtype)
+    if layers is not None:  # one layer group's pool (the full-attention layers')
+        per_block = per_block // model_config.num_kv_layers * layers
     if kv_memory is not None:
-        blocks = kv_memory // per_block
+        if kv_memory <= beside:
+            raise ValueError(f"--kv-memory {args.kv_memory} cannot hold the sliding layers' windows of "
+                             f"{args.max_num_seqs} sequences ({human(beside)}) and the full layers' blocks: raise "
+                             "--kv-memory or lower --max-num-seqs")
+        blocks = (kv_memory - beside) // per_block
         if blocks < 1:
             raise ValueError(f"--kv-memory {args.kv_memory} holds no block: one block of {args.block_size} tokens "
                              f"takes {per_block} bytes for this model")
@@ -82,12 +91,13 @@ def num_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype,
     if not device.startswith("cuda"):
         return DEFAULT_BLOCKS
     tokens = max(args.max_num_batched_tokens or GPU_BUDGET, args.max_num_seqs or GPU_SEQS)
-    reserve = step_reserve(model_config, tokens, dtype)
+    reserve = step_reserve(model_config, tokens, dtype) + beside
     return blocks_for_memory(per_block, args.gpu_memory_utilization, reserve, reserved_blocks, memory_info)
 
 
-def describe_windows(model_config, block_size: int) -> str | None:
-    """What sliding-window layers do to the pool, for the start-up line; None without them."""
+def describe_windows(model_config, block_size: int, groups: list | None = None) -> str | None:
+    """What sliding-window layers do to the pool, for the start-up line; None without them.
+    `groups`: (window, layers, blocks) per layer group, where the engine keeps them."""
     windows = model_config.layer_windows
     if not windows:
         return None
@@ -96,8 +106,22 @@ def describe_windows(model_config, block_size: int) -> str | None:
         held = sliding[0] // block_size + 2
         return (f"sliding window of {sliding[0]} tokens in every layer: a sequence holds at most {held} blocks "
                 f"({held * block_size} tokens) however long it grows; blocks behind the window are released")
-    return (f"sliding window of {max(sliding)} tokens in {len(sliding)} of {len(windows)} layers: masked in "
-            "attention; the full-attention layers read every block, so a sequence keeps them all")
+    if not groups:
+        return (f"sliding window of {max(sliding)} tokens in {len(sliding)} of {len(windows)} layers: masked in "
+                "attention; one block table for every layer (CUDA graphs), so a sequence keeps every block")
+    return "layer groups: " + "; ".join(
+        f"{len(layers)} {'full-attention layers keep every block' if w is None else f'layers sliding over {w} tokens'}"
+        f" ({blocks} blocks{'' if w is None else ', released behind the window'})" for w, layers, blocks in groups)
+
+
+def sliding_group_bytes(model_config, groups: list, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                        kv_dtype: torch.dtype) -> int:
+    """The bytes a model's sliding layer groups take (stage 03's layer_groups.py): each what its
+    running sequences' windows hold (window_group_blocks, and the dummy block). The full-attention
+    group gets the rest of the memory."""
+    per_layer_token = pool_bytes_per_token(model_config, kv_dtype) // model_config.num_kv_layers
+    return sum((window_group_blocks(w, block_size, max_num_seqs, max_num_batched_tokens) + 1)
+               * block_size * per_layer_token * len(layers) for w, layers in groups[1:])
 
 
 MAX_STATE_SNAPSHOTS = 512  # a hybrid model's state snapshots kept for prefix hits, at most...

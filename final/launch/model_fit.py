@@ -9,6 +9,7 @@ asked for and the model cannot take is refused, naming the flag.
 from __future__ import annotations
 
 from course.s01_decode_loop.model import CausalLM
+from course.s03_paged.layer_groups import layer_groups
 from course.s04_continuous_batching.hybrid.states import linear_layers
 
 
@@ -30,6 +31,12 @@ def fit_options(options: dict, args, model) -> tuple[dict, list[str]]:
         drop("fused", "--fused", False, why)
         drop("linear_splits", "--linear-splits", 1, why)
         drop("quantization", "--quantization", None, why)
+    if layer_groups(model.config.layer_windows):  # sliding layers beside full ones (stage 03's layer_groups.py)
+        if options.get("cuda_graphs"):
+            notes.append("layer groups off: a CUDA graph captures one block table a step, so every layer keeps "
+                         "every block (with --no-cuda-graphs each group of layers keeps its own)")
+        else:
+            drop("fused", "--fused", False, "its sliding and full layers read their own block tables (layer groups)")
     if linear_layers(model.config):
         why = "its linear-attention layers keep a state per sequence, updated by eager steps"
         drop("cuda_graphs", "--cuda-graphs", False, why)

@@ -30,6 +30,9 @@ class TreeDrafting:
     def __init__(self, engine, max_nodes: int = 8):
         if not 1 <= max_nodes <= 63:
             raise ValueError(f"a tree holds 1 to 63 nodes (its block of rows is at most 64), not {max_nodes}")
+        if engine.layer_groups:
+            raise ValueError("speculative trees on a model with layer groups (sliding layers beside full ones): a "
+                             "tree's accepted K/V move within one pool; draft chains (drop --speculative-tree)")
         if not hasattr(engine.source, "propose_tree"):
             raise ValueError("speculative trees are drafted by an EAGLE head: use --speculative-method eagle")
         if not engine.attn.tree_masks:

@@ -11,7 +11,7 @@ from course.final.testing import stop_cli_server as stop
 from course.s01_decode_loop.families import FAMILIES
 from course.s01_decode_loop.testing import greedy_reference_uncached, save_transformers_model
 
-SAID = {"gemma3_text": "sliding window of 8 tokens in 5 of 6 layers", "gpt_oss": "sliding window of 8 tokens in 2 of 4 layers",
+SAID = {"gemma3_text": "5 layers sliding over 8 tokens", "gpt_oss": "2 layers sliding over 8 tokens",
         "qwen3_next": "for 8 running sequences"}
 EXTRA = {"qwen3_next": ["--max-num-seqs", "8"]}  # 128 sequences' states would not fit the 1 MiB
 
@@ -65,6 +65,59 @@ def test_families_the_server_keeps_the_snapshots_its_memory_holds(tmp_path, byte
     sized = engine.config.num_blocks * per_block  # the blocks --kv-memory bought (the engine adds its reserved one)
     states = (4 + engine.states.max_snapshots) * per_sequence
     assert sized + states <= 2 * 2**20 < sized + per_block + states
+
+
+@pytest.mark.parametrize("kv_memory", ["2MiB", "24KiB"], ids=["groups_pay", "windows_need_it_all"])
+def test_families_sliding_layers_get_their_windows_and_full_layers_the_rest(tmp_path, byte_tok, kv_memory):
+    """Gemma 3 (5 sliding layers, 1 full): --kv-memory pays first for what the running sequences'
+    windows hold in the sliding layers' group (window_group_blocks), then the full layer's blocks,
+    which cost one layer each, so they are ~6x as many as one pool for every layer would hold.
+    Where the windows would need more than that (a small pool), both groups get the same count."""
+    from course.final.cli import build_server, make_parser
+    from course.final.launch.kv_pool import parse_size
+    from course.s01_decode_loop.families.gemma3 import tiny_config
+    from course.s03_paged.layer_groups import window_group_blocks
+
+    save_transformers_model(tiny_config(), byte_tok, tmp_path)
+    args = make_parser()[0].parse_args(["serve", "--model", str(tmp_path), "--kv-memory", kv_memory,
+                                        "--max-num-seqs", "4", "--max-num-batched-tokens", "32", "--block-size", "4"])
+    engine = build_server(args)[0].engine
+    full, sliding = engine.blocks.groups
+    per_layer_block = engine.cache.parts[0].nbytes // (full.num_blocks + 1)  # the full group: one layer
+    budget = parse_size(kv_memory)
+    # what --kv-memory bought, within one block of every layer (the pools' dummy blocks)
+    assert engine.cache.nbytes - 6 * per_layer_block <= budget < engine.cache.nbytes
+    one_pool = budget // (6 * per_layer_block)  # blocks a single pool for all six layers would hold
+    if kv_memory == "2MiB":
+        assert sliding.num_blocks == window_group_blocks(8, 4, 4, 32) < full.num_blocks
+        assert full.num_blocks > 4 * one_pool
+    else:
+        assert sliding.num_blocks == full.num_blocks == one_pool
+
+
+def test_families_layer_groups_serve_chains_and_refuse_trees_by_name(byte_tok):
+    """gpt-oss (sliding and full layers: two groups) with lookup drafts: the verified chains give
+    the greedy ids of a run without speculation, every block comes back in both groups, and a
+    speculative tree, whose accepted K/V would move within one pool, is refused by name."""
+    from course.final.engine import Engine, SpeculativeConfig
+    from course.final.speculation.trees import TreeDrafting
+    from course.s01_decode_loop.families.testing import family_model
+    from course.s01_decode_loop.generate import generate_naive
+    from course.s01_decode_loop.sampling import SamplingParams
+    from course.s06_kernels_graphs.engine import KernelEngineConfig
+
+    model = family_model("gpt_oss")
+    config = KernelEngineConfig(num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=16)
+    engine = Engine(model, byte_tok, config, speculative=SpeculativeConfig("lookup", 3))
+    assert [g.window for g in engine.blocks.groups] == [None, 8]
+    prompt = [5, 6, 7, 8] * 6  # repeats: lookup drafts find matches
+    params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
+    out = engine.generate([prompt], params)[0]
+    assert out.token_ids == generate_naive(model, byte_tok, prompt, params).token_ids
+    assert sum(engine.accepted_per_position) > 0  # drafts were verified and kept
+    assert [g.num_free_blocks for g in engine.blocks.groups] == [g.num_blocks for g in engine.blocks.groups]
+    with pytest.raises(ValueError, match="layer groups"):
+        TreeDrafting(engine)
 
 
 def test_families_a_hybrid_model_speculates_with_its_state_rolled_back(byte_tok):

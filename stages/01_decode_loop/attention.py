@@ -32,6 +32,11 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return self.seq_lens.numel()
 
+    def for_layer(self, layer: int) -> "AttentionMetadata":
+        """What attention reads in `layer`: this; a paged cache with layer groups (stage 03) gives
+        each group's layers their own block tables."""
+        return self
+
     @property
     def query_lens(self) -> torch.Tensor:
         return self.cu_seqlens_q[1:] - self.cu_seqlens_q[:-1]

@@ -112,7 +112,7 @@ class Decoder(nn.Module):
         cos, sin = self.rotary_emb(meta.positions)  # computed once, shared by all layers
         taps = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, attn, meta)
+            x = layer(x, cos, sin, attn, meta.for_layer(i))
             if i in self.tap_layers:
                 taps.append(x)
         self.tapped = torch.cat(taps, dim=-1) if taps else None

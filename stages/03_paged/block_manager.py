@@ -20,7 +20,10 @@ Sliding windows: when every layer of the model attends only to its last `window`
 block that lies wholly before the window of every query still to come is never read again. As
 a sequence's computed length passes it, the block is released (to the cache, if named, or to
 the free list): a long generation holds about window / block_size + 1 blocks, not its length.
-Its entry stays in the table (positions still index it), but attention never reads it.
+Its entry stays in the table (positions still index it), but attention never reads it. For the
+same reason a prefix hit needs only the cached blocks its first new token can still see: those
+behind its window may be gone (their entries point at block 0, never read), and a new prompt
+takes blocks for its first chunk only; the rest come chunk by chunk, as the window moves.
 """
 from __future__ import annotations
 
@@ -95,45 +98,73 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Block ids of the longest cached run of full blocks at the start of `token_ids`,
-        leaving at least one token to compute (its logits are needed)."""
+    def cached_prefix(self, token_ids: list[int], max_hits: int | None = None) -> list[int | None]:
+        """Block ids of the longest cached run of full blocks (at most `max_hits`) at the start of
+        `token_ids`, leaving at least one token to compute (its logits are needed). With a sliding
+        window, the blocks wholly behind the first new token's window need not be cached: None
+        stands for them."""
         if not self.enable_prefix_caching:
             return []
-        hits, prev = [], None
-        for i in range(len(token_ids) // self.block_size):
+        found, prev = [], None
+        for i in range((len(token_ids) - 1) // self.block_size):  # all cached: the last block is recomputed
             prev = hash_block(prev, token_ids[i * self.block_size:(i + 1) * self.block_size])
-            if prev not in self.hash_to_block:
+            found.append(self.hash_to_block.get(prev))
+            if found[-1] is None and self.window is None:
                 break
-            hits.append(self.hash_to_block[prev])
-        if len(hits) * self.block_size >= len(token_ids):
-            hits.pop()  # all cached: recompute the last block privately (see the module doc)
-        if self.prefix_limit is not None and hits:
-            hits = hits[: self.prefix_limit(token_ids, len(hits) * self.block_size) // self.block_size]
-        return hits
+        n = self.usable_hits(found, len(found) if max_hits is None else max_hits)
+        if self.prefix_limit is not None and n:
+            n = self.usable_hits(found, self.prefix_limit(token_ids, n * self.block_size) // self.block_size)
+        return [None] * self.behind_window(n) + found[self.behind_window(n):n]
 
-    def can_allocate(self, token_ids: list[int]) -> bool:
+    def usable_hits(self, found: list[int | None], most: int) -> int:
+        """The most leading blocks (at most `most`) a prompt may take from `found` (its blocks'
+        cached ids, None where not cached): every block its first new token can see is cached."""
+        n = min(most, len(found))
+        while n and None in found[self.behind_window(n):n]:
+            n -= 1
+        return n
+
+    def behind_window(self, num_blocks: int) -> int:
+        """Leading blocks that no token from position num_blocks * block_size on can see (the
+        last of them always kept: it names the prefix)."""
+        if self.window is None:
+            return 0
+        return min(max(0, num_blocks - 1), max(0, num_blocks * self.block_size - self.window + 1) // self.block_size)
+
+    def can_allocate(self, token_ids: list[int], budget: int | None = None, max_hits: int | None = None) -> bool:
         """Would `allocate` succeed now? (Cached blocks in use by others cost nothing.)"""
-        hits = self.cached_prefix(token_ids)
-        shared = sum(1 for b in hits if self.blocks[b].ref_count > 0)
-        return self.blocks_needed(len(token_ids)) - shared <= self.num_free_blocks
+        hits = self.cached_prefix(token_ids, max_hits)
+        shared = sum(1 for b in hits if b is None or self.blocks[b].ref_count > 0)
+        return self._prompt_blocks(token_ids, len(hits), budget) - shared <= self.num_free_blocks
+
+    def _prompt_blocks(self, token_ids: list[int], hits: int, budget: int | None) -> int:
+        """The blocks a new prompt takes now: all of them; with a window and a step's token
+        `budget`, the hits and the blocks of the next `budget` tokens (the rest come later)."""
+        tokens = len(token_ids) if self.window is None or budget is None else \
+            min(len(token_ids), hits * self.block_size + budget)
+        return self.blocks_needed(tokens)
 
     # ---- changes ------------------------------------------------------------------------
-    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
-        """Give `seq_id` blocks for its prompt, reusing cached ones. Returns the number of
-        prompt tokens whose K/V are already in the cache (to be skipped by prefill)."""
+    def allocate(self, seq_id: int, token_ids: list[int], budget: int | None = None,
+                 max_hits: int | None = None) -> int:
+        """Give `seq_id` blocks for its prompt, reusing cached ones (with a window and a `budget`:
+        for the tokens the next step can compute). Returns the number of prompt tokens whose K/V
+        are already in the cache (to be skipped by prefill)."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
-        if self.blocks_needed(len(token_ids)) > self.num_blocks:
+        if self._prompt_blocks(token_ids, 0, budget) > self.num_blocks:
             raise NoFreeBlocksError(f"a {len(token_ids)}-token sequence needs {self.blocks_needed(len(token_ids))} "
                                     f"blocks of {self.block_size}; the whole pool has {self.num_blocks}")
-        if not self.can_allocate(token_ids):
+        if not self.can_allocate(token_ids, budget, max_hits):
             raise NoFreeBlocksError(f"not enough free KV blocks now ({self.num_free_blocks} free)")
-        hits = self.cached_prefix(token_ids)
-        for b in hits:
+        hits = self.cached_prefix(token_ids, max_hits)
+        behind = hits.count(None)
+        for b in hits[behind:]:
             self._take(b)
-        fresh = [self._take_free() for _ in range(self.blocks_needed(len(token_ids)) - len(hits))]
-        self.tables[seq_id] = hits + fresh
+        fresh = [self._take_free() for _ in range(self._prompt_blocks(token_ids, len(hits), budget) - len(hits))]
+        self.tables[seq_id] = [0] * behind + hits[behind:] + fresh  # entries behind the window: never read
+        if behind:
+            self.released[seq_id] = behind
         self.hashed[seq_id] = (len(hits), self.blocks[hits[-1]].block_hash if hits else None)
         self.prefix_hit_tokens += len(hits) * self.block_size
         self.prompt_tokens += len(token_ids)

@@ -22,11 +22,12 @@ from .quantized_kv import SCALE_DTYPE, QuantizedPool, is_quantized
 class PagedKVCache:
     """K and V pools: [layers, num_blocks, block_size, n_kv_heads, head_dim] each, in `dtype`, or in
     `kv_dtype` (int8, fp8) with `k_scale`/`v_scale` [layers, num_blocks, block_size, n_kv_heads].
-    Layers: those that keep K/V (`num_kv_layers`; a hybrid model numbers its attention layers apart)."""
+    Layers: those that keep K/V (`num_kv_layers`; a hybrid model numbers its attention layers apart),
+    or `num_layers` of them (one layer group's pool: layer_groups.py)."""
 
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype=torch.float32, device="cpu",
-                 kv_dtype: torch.dtype | None = None):
-        shape = (config.num_kv_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+                 kv_dtype: torch.dtype | None = None, num_layers: int | None = None):
+        shape = (num_layers or config.num_kv_layers, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         self.dtype, self.kv_dtype = dtype, kv_dtype or dtype  # what attention computes in; what the pool stores
         self.k = torch.zeros(shape, dtype=self.kv_dtype, device=device)
         self.v = torch.zeros(shape, dtype=self.kv_dtype, device=device)
@@ -78,6 +79,10 @@ class PagedKVCache:
 class PagedAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor = None  # [T] int64: pool slot of each new token
     block_tables: torch.Tensor = None  # [B, max_blocks] int64: each sequence's blocks, in order
+    by_layer: list | None = None       # with layer groups: each layer's metadata (layer_groups.py)
+
+    def for_layer(self, layer: int) -> "PagedAttentionMetadata":
+        return self.by_layer[layer] if self.by_layer else self
 
     @classmethod
     def build(cls, seqs: list[tuple[int, int, list[int]]], block_size: int, device="cpu") -> "PagedAttentionMetadata":

@@ -24,6 +24,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEvent
 from course.s03_paged.block_manager import BlockManager, uniform_window
 from course.s03_paged.engine import check_fits
+from course.s03_paged.layer_groups import GroupedBlocks, GroupedKVCache, group_metadata, layer_groups, window_group_blocks
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from course.s03_paged.quantized_kv import storage_dtype
 
@@ -49,6 +50,7 @@ class EngineConfig:
     max_waiting: int = 1024             # queue bound: admission control
     record_steps: bool = True           # keep step_log (tests, notebooks); a long-running server turns it off
     kv_cache_dtype: str = "auto"        # what the pool stores: auto (the model's dtype), bfloat16, int8, fp8
+    layer_groups: bool = True           # sliding layers beside full ones: a pool each (False: one, every block kept)
 
 
 @dataclass
@@ -69,12 +71,21 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or model.config.max_position_embeddings
         # the pool may hold a few blocks more than the BlockManager hands out (stage 06 keeps one
         # as the write target of CUDA-graph padding rows): ids num_blocks.. are never allocated
-        self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
-                                  model.dtype, model.device, storage_dtype(config.kv_cache_dtype, model.dtype))
+        kv_dtype = storage_dtype(config.kv_cache_dtype, model.dtype)
+        self.layer_groups = layer_groups(model.config.layer_windows) if config.layer_groups else []
+        if self.layer_groups:  # sliding layers beside full ones: a pool and tables per group (layer_groups.py)
+            sizes = [config.num_blocks] + [min(config.num_blocks, window_group_blocks(
+                w, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)) for w, _ in self.layer_groups[1:]]
+            self.cache = GroupedKVCache(model.config, self.layer_groups, [n + self.reserved_blocks for n in sizes],
+                                        config.block_size, model.dtype, model.device, kv_dtype)
+            self.blocks = GroupedBlocks([BlockManager(n, config.block_size, config.enable_prefix_caching, window=w)
+                                         for n, (w, _) in zip(sizes, self.layer_groups)])
+        else:  # a model whose every layer slides over one window lets blocks behind it go (block_manager.py)
+            self.cache = PagedKVCache(model.config, config.num_blocks + self.reserved_blocks, config.block_size,
+                                      model.dtype, model.device, kv_dtype)
+            self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
+                                       window=uniform_window(model.config.layer_windows))
         self.attn = PagedAttention(self.cache)
-        # a model whose every layer slides over one window lets blocks behind it go (block_manager.py)
-        self.blocks = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching,
-                                   window=uniform_window(model.config.layer_windows))
         if scheduler_cls is None:  # FCFS by default; a policy that displaces needs the scheduler that can
             scheduler_cls = PriorityScheduler if policy is not None and policy.displaces else Scheduler
         self.scheduler = scheduler_cls(self.blocks, config.max_num_seqs, config.max_num_batched_tokens,
@@ -181,7 +192,10 @@ class LLMEngine:
     def _run(self, chunks: list[tuple[Request, int]]) -> torch.Tensor:
         """One forward over the ragged batch; logits only for rows that will sample."""
         token_ids, seqs, sample_rows = self._flatten(chunks)
-        meta = PagedAttentionMetadata.build(seqs, self.config.block_size, self.model.device)
+        build = lambda s: PagedAttentionMetadata.build(s, self.config.block_size, self.model.device)  # noqa: E731
+        meta = build(seqs)
+        if self.layer_groups:  # each group's layers read their own tables
+            meta = group_metadata(meta, seqs, [req.request_id for req, _ in chunks], self.blocks, self.cache, build)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.model.device)
         hidden = self.model(ids, self.attn, meta)
         return self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)

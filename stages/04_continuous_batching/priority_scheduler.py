@@ -47,11 +47,12 @@ class PriorityScheduler(Scheduler):
             head = self.waiting[0]
             if len(self.running) >= self.max_num_seqs:
                 self.pause(self.running[-1])  # appended to the queue: head stays first
-            if not self._is_resident(head) and not self._reclaim(head, out, from_running=True):
+            budget = self.max_num_batched_tokens  # (a window's blocks: for one step's tokens at most)
+            if not self._is_resident(head) and not self._reclaim(head, out, True, budget):
                 return
             self.waiting.pop(0)
             if not self._is_resident(head):
-                head.num_computed_tokens = self.blocks.allocate(head.request_id, head.all_ids)
+                head.num_computed_tokens = self.blocks.allocate(head.request_id, head.all_ids, budget)
             head.status = Status.RUNNING
             insort(self.running, head, key=self.policy.priority)
 

@@ -103,10 +103,10 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             resident = self._is_resident(req)  # it holds its blocks already (paused, or its K/V were sent)
-            if not resident and not self._fits(req, out):
+            if not resident and not self._fits(req, out, budget):
                 break  # no overtaking; the head waits until blocks free up
-            if not resident:
-                req.num_computed_tokens = self.blocks.allocate(req.request_id, req.all_ids)
+            if not resident:  # (with a sliding window: blocks for this step's tokens only)
+                req.num_computed_tokens = self.blocks.allocate(req.request_id, req.all_ids, budget)
             n = self._tokens_for(req, budget)
             if n == 0 or (resident and not self._fits(req, out, n)):  # not in this step's budget (chunking
                 if not resident:                                       # off), or no block for its next tokens
@@ -124,13 +124,14 @@ class Scheduler:
             budget -= n
 
     def _fits(self, req: Request, out: SchedulerOutput, n: int = 0) -> bool:
-        """May `req` be admitted: is there memory for its prompt, or for n more tokens if it holds
-        blocks already? (PriorityScheduler may also free some for it.)"""
+        """May `req` be admitted: is there memory for its prompt (with a window: for its next n
+        tokens), or for n more tokens if it holds blocks already? (PriorityScheduler may also free
+        some for it.)"""
         return self._room(req, n)
 
     def _room(self, req: Request, n: int) -> bool:
         if not self._is_resident(req):
-            return self.blocks.can_allocate(req.all_ids)
+            return self.blocks.can_allocate(req.all_ids, n or None)
         missing = self.blocks.blocks_needed(req.num_computed_tokens + n) - len(self.blocks.tables[req.request_id])
         return missing <= self.blocks.num_free_blocks
 

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from course.s01_decode_loop.model import CausalLM
+from course.s03_paged.layer_groups import layer_groups
 from course.s04_continuous_batching.engine import EngineConfig, StepOutput
 from course.s04_continuous_batching.engine import LLMEngine as BatchingEngine
 
@@ -96,8 +97,10 @@ class LLMEngine(BatchingEngine):
 
     def __init__(self, model, tokenizer, config: KernelEngineConfig | None = None, eos_token_ids=(), **kw):
         config = config or KernelEngineConfig()
-        if type(model) is not CausalLM:  # a family of its own (stage 01's families/): its forward, unfused
-            config = replace(config, fused=False)
+        # a graph captures one block table a step, so every layer shares it (no layer groups)
+        config = replace(config, layer_groups=config.layer_groups and not config.cuda_graphs)
+        if type(model) is not CausalLM or (config.layer_groups and layer_groups(model.config.layer_windows)):
+            config = replace(config, fused=False)  # a family's own forward (stage 01's families/), or layer groups
         super().__init__(FusedCausalLM(model) if config.fused else model, tokenizer, config, eos_token_ids, **kw)
         self.extensions = self.make_extensions()
         model = self.prepare_module(self.model)
@@ -113,7 +116,8 @@ class LLMEngine(BatchingEngine):
         self.runner = ModelRunner(model, self.attn, max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
                                   max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
-                                  dummy_block=dummy, graphs=graphs)
+                                  dummy_block=dummy, graphs=graphs,
+                                  group_dummies=[g.num_blocks for g in getattr(self.blocks, "groups", [])[1:]])
         self.graphed_steps = 0
 
     def make_extensions(self) -> dict[str, Extension]:
@@ -156,7 +160,9 @@ class LLMEngine(BatchingEngine):
         return True
 
     def _run(self, chunks, feed: Feed | None = None):
-        out = self.runner.run(*self._flatten(chunks), feed, self._trees(chunks))
+        token_ids, seqs, sample_rows = self._flatten(chunks)
+        groups = self.blocks.group_seqs(seqs, [req.request_id for req, _ in chunks]) if self.layer_groups else None
+        out = self.runner.run(token_ids, seqs, sample_rows, feed, self._trees(chunks), groups)
         self.graphed_steps += out.graphed
         self.last_hidden = out.hidden  # every row's final hidden state: drafters (final/'s EAGLE) read it
         return out.logits

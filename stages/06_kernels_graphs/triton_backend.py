@@ -79,8 +79,8 @@ class TritonPagedBackend(KernelBackend):
         super().__init__(cache)
         self.rotary_in_kv_write = self.kernels.rotary_write_kv is not None  # the fused model asks (follow)
         self.num_splits = num_splits  # None: chosen per step from the shape
-        self.num_sms = (torch.cuda.get_device_properties(cache.k.device).multi_processor_count
-                        if cache.k.is_cuda else 1)  # the interpreter gains nothing from splits
+        self.num_sms = (torch.cuda.get_device_properties(cache.k[0].device).multi_processor_count
+                        if cache.k[0].is_cuda else 1)  # the interpreter gains nothing from splits
 
     @classmethod
     def from_config(cls, cache: PagedKVCache, config) -> "TritonPagedBackend":
@@ -89,7 +89,7 @@ class TritonPagedBackend(KernelBackend):
     def build_metadata(self, *, max_seq_len: int, **kw) -> KernelMetadata:
         meta = super().build_metadata(max_seq_len=max_seq_len, **kw)
         max_blocks = -(-max_seq_len // self.cache.block_size)
-        meta.num_splits = self.num_splits or self.kernels.num_splits(meta.num_seqs, self.cache.k.shape[3], max_blocks,
+        meta.num_splits = self.num_splits or self.kernels.num_splits(meta.num_seqs, self.cache.k[0].shape[2], max_blocks,
                                                                      self.num_sms)
         return meta
 

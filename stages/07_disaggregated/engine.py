@@ -62,6 +62,8 @@ class DisaggConfig:
 class DisaggEngine(LLMEngine):
     def __init__(self, model, tokenizer, config: EngineConfig | None = None, eos_token_ids=(),
                  connector: KVConnector | None = None, disagg: DisaggConfig | None = None, **kwargs):
+        # blocks are shipped as one pool's: sliding layers keep every block beside the full ones (no layer groups)
+        config = replace(config or EngineConfig(), layer_groups=False)
         super().__init__(model, tokenizer, config, eos_token_ids, scheduler_cls=HoldingScheduler, **kwargs)
         self.disagg = disagg or DisaggConfig()
         self.connector = connector

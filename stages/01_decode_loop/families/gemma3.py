@@ -229,7 +229,7 @@ class Decoder(nn.Module):
         rope = {False: self.rotary_global(meta.positions), True: self.rotary_local(meta.positions)}
         taps = []
         for i, layer in enumerate(self.layers):
-            x = layer(x, *rope[layer.self_attn.is_sliding], attn, meta)
+            x = layer(x, *rope[layer.self_attn.is_sliding], attn, meta.for_layer(i))
             if i in self.tap_layers:
                 taps.append(x)
         self.tapped = torch.cat(taps, dim=-1) if taps else None

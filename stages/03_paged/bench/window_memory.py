@@ -7,12 +7,11 @@ Per sequence at `context` tokens, K/V in bfloat16, linear-attention states in fl
 * full attention: every layer keeps K/V for every position;
 * ideal: a sliding layer keeps its window (window / block + 2 blocks), a linear-attention layer
   one state: what a pool with a block table per layer group (vLLM's hybrid manager) holds;
-* this engine: the most blocks `BlockManager` holds while the sequence is prefilled in chunks of
-  512 and committed as stage 04's scheduler does (the first chunk's blocks at admission, then
-  each chunk's, committed after its step), times the bytes a block takes in every layer that
-  keeps K/V; plus a linear layer's state (stage 04's hybrid/), which keeps no K/V. One block
-  table serves every attention layer here, so a model with any full-attention layer keeps every
-  block in each of them, sliding ones included.
+* this engine: the most bytes the block managers held for the sequence while it was prefilled in
+  chunks of 512 and committed as stage 04's scheduler does (the first chunk's blocks at
+  admission, then each chunk's, committed after its step): a block table per layer group where
+  sliding layers sit beside full ones (layer_groups.py), each group's blocks costing its own
+  layers; plus a linear layer's state (stage 04's hybrid/), which keeps no K/V.
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import json
 from pathlib import Path
 
 from ..block_manager import BlockManager, uniform_window
+from ..layer_groups import layer_groups
 
 FULL, SLIDING, LINEAR = "full_attention", "sliding_attention", "linear_attention"
 
@@ -52,23 +52,25 @@ def computed(m: dict, context: int) -> dict:
             ideal += min(blocks, m["window"] // BLOCK + 2) * BLOCK * per_token_layer
         else:
             ideal += state_bytes(m["state"])
-    return {"full_attention_bytes": full, "ideal_bytes": ideal,
-            "per_block_kv_layers": BLOCK * per_token_layer * sum(kind != LINEAR for kind in m["layers"])}
+    return {"full_attention_bytes": full, "ideal_bytes": ideal}
 
 
-def measured_blocks(m: dict, context: int, chunk: int = 512) -> int:
-    """The most blocks the block manager held for one sequence prefilled in chunks, each chunk's
-    blocks taken before its step and the whole computed prefix committed after it."""
-    windows = tuple(m["window"] if k == SLIDING else None for k in m["layers"])
-    bm = BlockManager(-(-context // BLOCK) + 1, BLOCK, enable_prefix_caching=False, window=uniform_window(windows))
-    ids = [i % 251 for i in range(context)]
-    bm.allocate(0, ids[:chunk])
-    most = bm.blocks_held(0)
-    bm.commit(0, ids, chunk)
-    for done in range(chunk, context, chunk):
-        bm.append_slot(0, min(done + chunk, context))
-        most = max(most, bm.blocks_held(0))
-        bm.commit(0, ids, min(done + chunk, context))
+def measured(m: dict, context: int, chunk: int = 512) -> tuple[int, list[int]]:
+    """(the most K/V bytes the block managers held for one sequence prefilled in chunks, each
+    chunk's blocks taken before its step and the computed prefix committed after it; the blocks
+    each group held then)."""
+    windows = tuple(m["window"] if k == SLIDING else None for k in m["layers"] if k != LINEAR)
+    groups = layer_groups(windows) or [(uniform_window(windows), tuple(range(len(windows))))]
+    managers = [BlockManager(-(-context // BLOCK) + 1, BLOCK, enable_prefix_caching=False, window=w) for w, _ in groups]
+    per_block = [BLOCK * 2 * m["kv_heads"] * m["head_dim"] * KV_BYTES * len(layers) for _, layers in groups]
+    ids, most = [i % 251 for i in range(context)], (0, [])
+    for done in range(0, context, chunk):
+        for bm in managers:
+            bm.allocate(0, ids, budget=chunk) if done == 0 else bm.append_slot(0, min(done + chunk, context))
+        held = [bm.blocks_held(0) for bm in managers]
+        most = max(most, (sum(h * b for h, b in zip(held, per_block)), held))
+        for bm in managers:
+            bm.commit(0, ids, min(done + chunk, context))
     return most
 
 
@@ -80,9 +82,9 @@ def main(argv=None) -> None:
     rows = []
     for name, m in MODELS.items():
         c = computed(m, args.context)
-        blocks = measured_blocks(m, args.context)
+        kv, blocks = measured(m, args.context)
         states = sum(state_bytes(m["state"]) for k in m["layers"] if k == LINEAR) if "state" in m else 0
-        engine = blocks * c["per_block_kv_layers"] + states
+        engine = kv + states
         row = {"name": name, "context": args.context, "blocks_held": blocks,
                "full_attention_MiB": round(c["full_attention_bytes"] / 2**20, 1),
                "ideal_MiB": round(c["ideal_bytes"] / 2**20, 1), "this_engine_MiB": round(engine / 2**20, 1),

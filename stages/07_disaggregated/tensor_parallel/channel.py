@@ -133,12 +133,13 @@ class BroadcastingRunner:
     def __init__(self, runner, leader: Leader):
         self.runner, self.leader = runner, leader
 
-    def run(self, token_ids, seqs, sample_rows, feed=None, trees=None):
+    def run(self, token_ids, seqs, sample_rows, feed=None, trees=None, groups=None):
         if feed is not None:
             raise TensorParallelError("overlap feeds token ids rank 0 has not read; tensor parallelism cannot send them")
-        message = ("run", token_ids, seqs, sample_rows) + ((None, trees) if trees else ())  # speculative trees too
+        # speculative trees and layer groups' tables too, where there are any
+        message = ("run", token_ids, seqs, sample_rows) + ((None, trees, groups) if trees or groups else ())
         with self.leader.step(message):
-            return self.runner.run(token_ids, seqs, sample_rows, None, trees)
+            return self.runner.run(token_ids, seqs, sample_rows, None, trees, groups)
 
     def __getattr__(self, name):  # graphs, model, prepare, ...: the runner's own
         return getattr(self.runner, name)

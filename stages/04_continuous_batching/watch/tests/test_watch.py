@@ -24,6 +24,18 @@ def params(n=12):
     return SamplingParams(temperature=0.0, max_new_tokens=n, ignore_eos=True)
 
 
+def steps_watched(engine, watch, loop, reader) -> list[dict]:
+    """Step `engine` to the end, the watch turning after each step; the snapshots `reader` got."""
+    snaps = []
+    while engine.has_unfinished():
+        engine.step()
+        watch.turn(engine)
+        loop.run_until_complete(asyncio.sleep(0))
+        while not reader.queue.empty():
+            snaps.append(json.loads(reader.queue.get_nowait()))
+    return snaps
+
+
 def test_nobody_watching_costs_nothing(byte_tok):
     engine, watch = engine_of(byte_tok), EngineWatch()
     engine.add_request([1, 2, 3, 4, 5], params())
@@ -41,13 +53,7 @@ def test_a_reader_sees_rows_the_pool_and_a_preemption_and_the_clock_goes_with_it
     assert PHASES <= vars(engine).keys()  # the clock is on while someone reads
     for tail in (20, 21):
         engine.add_request(list(range(1, 17)) + [tail], params(24))
-    snaps = []
-    while engine.has_unfinished():
-        engine.step()
-        watch.turn(engine)
-        loop.run_until_complete(asyncio.sleep(0))
-        while not reader.queue.empty():
-            snaps.append(json.loads(reader.queue.get_nowait()))
+    snaps = steps_watched(engine, watch, loop, reader)
     busy = next(s for s in snaps if s["num_running"] == 2)
     assert {r["kind"] for r in busy["running"]} <= {"prefill", "decode"}
     assert busy["pool"]["counts"]["used"] + busy["pool"]["counts"]["shared"] > 0
@@ -100,3 +106,21 @@ def test_the_routes_serve_snapshots_and_refuse_a_reader_past_the_limit(byte_tok)
     assert snapshot["engine"]["num_blocks"] == 64 and watch.watching == 0
     watch.max_watchers = 0  # every reader slot taken
     assert client.get("/events").status_code == 429
+
+
+def test_a_model_with_layer_groups_shows_its_full_layers_pool(byte_tok):
+    """Sliding layers beside a full one (two layer groups): the watch draws the full group's pool."""
+    from course.s01_decode_loop.testing import windowed_model
+
+    engine = LLMEngine(windowed_model(6, every_layer=False), byte_tok,
+                       EngineConfig(num_blocks=32, block_size=4, max_num_seqs=2))
+    watch = EngineWatch(min_interval_s=0, max_cost_share=float("inf"))
+    loop = asyncio.new_event_loop()
+    reader = watch.subscribe(loop)
+    watch.turn(engine)
+    engine.add_request(list(range(1, 30)), params(20))
+    snaps = steps_watched(engine, watch, loop, reader)
+    watch.unsubscribe(reader)
+    loop.close()
+    assert max(s["pool"]["counts"]["used"] for s in snaps) == -(-(29 + 19) // 4)  # every block: the full layer's
+    assert snaps[-1]["pool"]["counts"]["used"] == 0
