@@ -8,10 +8,10 @@ A grammar knows how short the rest of the output can be. For every automaton pos
                   1 + dist[t]                    for each byte edge pos -> t
                   dist[callee start] + dist[r]   for each call edge (callee, return to r)
 
-(dist of a rule's start position is the rule's shortest sentence). Edges cost 0 or more, so
-this is a shortest-path fixed point; it is computed once per compiled grammar with a worklist
-(Knuth's generalisation of Dijkstra to grammars, in its simple Bellman-Ford form: a position
-is re-evaluated when one of its successors got shorter). A *stack* (top position, then the
+(dist of a rule's start position is the rule's shortest sentence). Edges cost 0 or more and a
+call's cost is a sum of two distances, never below either, so this is a shortest-path problem
+over a grammar: Knuth's generalisation of Dijkstra (1977) settles the positions in order of
+distance with a heap, each edge looked at once, once per compiled grammar. A *stack* (top position, then the
 return positions below it) needs dist[top] + dist[each return position] bytes, and a PDA
 state, a set of stacks, needs the least of its stacks (0 if END is in it: it may stop now).
 Stack and state distances are memoised, as the PDA interns both.
@@ -44,7 +44,7 @@ client does not run a tool call whose arguments were emptied to fit.
 """
 from __future__ import annotations
 
-from collections import deque
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,38 +58,31 @@ INF = float("inf")
 
 
 def min_accept_distance(auto: Automaton) -> list[float]:
-    """dist[pos]: the fewest bytes from position `pos` to the end of its rule (INF: never)."""
+    """dist[pos]: the fewest bytes from position `pos` to the end of its rule (INF: never).
+    Knuth's order: the nearest unsettled position is settled next; a byte edge offers its source
+    1 + dist as soon as its target is settled, a call edge dist[callee] + dist[ret] once both are."""
     n, targets = auto.num_positions, auto.targets
     byte_preds: list[list[int]] = [[] for _ in range(n)]
-    call_preds: list[list[int]] = [[] for _ in range(n)]   # positions whose call edges use it
+    call_preds: list[list[tuple[int, int]]] = [[] for _ in range(n)]   # (position calling, the other input)
     for pos in range(n):
         for t in targets[pos]:
             byte_preds[t].append(pos)
         for callee, ret in auto.calls[pos]:
-            call_preds[callee].append(pos)
-            call_preds[ret].append(pos)
-    dist = [0 if auto.final[p] else INF for p in range(n)]
-
-    def evaluate(pos: int) -> float:
-        best = 0 if auto.final[pos] else INF
-        for t in targets[pos]:
-            best = min(best, 1 + dist[t])
-        for callee, ret in auto.calls[pos]:
-            best = min(best, dist[callee] + dist[ret])
-        return best
-
-    todo = deque(p for p in range(n) if dist[p] == 0)
-    queued = set(todo)
-    while todo:
-        x = todo.popleft()
-        queued.discard(x)
-        for p in (*byte_preds[x], *call_preds[x]):
-            d = evaluate(p)
-            if d < dist[p]:
-                dist[p] = d
-                if p not in queued:
-                    queued.add(p)
-                    todo.append(p)
+            call_preds[callee].append((pos, ret))
+            call_preds[ret].append((pos, callee))
+    dist = [INF] * n
+    heap = [(0, p) for p in range(n) if auto.final[p]]
+    while heap:
+        d, x = heapq.heappop(heap)
+        if dist[x] != INF:
+            continue  # settled already, nearer
+        dist[x] = d
+        for p in byte_preds[x]:
+            if dist[p] == INF:
+                heapq.heappush(heap, (d + 1, p))
+        for p, other in call_preds[x]:
+            if dist[p] == INF and dist[other] != INF:
+                heapq.heappush(heap, (d + dist[other], p))
     return dist
 
 

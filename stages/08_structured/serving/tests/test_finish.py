@@ -11,6 +11,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.testing import byte_tokenizer, tiny_model
 from course.s08_structured.realworld import bench_finish
 from course.s08_structured.cli import main
+from course.s08_structured.serving.bench_planner import distance_by_fixed_point, served_automata
 from course.s08_structured.serving.closing import CloseOnBudget, ClosingPlanner, min_accept_distance
 from course.s08_structured.frontends.ebnf import to_ebnf
 from course.s08_structured.generate import ConstrainedGenerator, GrammarLogitsProcessor
@@ -18,6 +19,7 @@ from course.s08_structured.json_schema import SERVING_BOUNDS, DefaultBounds, jso
 from course.s08_structured.matcher import compile_grammar
 from course.s08_structured.pda import PDA
 from course.s08_structured.automaton import compile_automaton
+from course.s08_structured.grammar import Grammar, Ref, Seq, lit
 from course.s08_structured.bench.testing import EXAMPLE_SCHEMAS, accepts
 from course.s08_structured.vocab import TokenizerInfo
 
@@ -101,6 +103,26 @@ def test_min_accept_distance_is_the_shortest_completion():
     tree = json_schema_to_grammar(EXAMPLE_SCHEMAS["tree"])
     auto = compile_automaton(tree)
     assert min(min_accept_distance(auto)) == 0
+
+
+def test_min_accept_distance_in_knuths_order_equals_the_fixed_point():
+    """Settling positions nearest first (a heap) gives the fixed point's distances, on the example
+    grammars (recursion, calls), the real-world schemas with the server's default bounds, and a
+    grammar with an unreachable end (INF)."""
+    for auto in [compile_automaton(json_schema_to_grammar(s)) for s in EXAMPLE_SCHEMAS.values()] + \
+            list(served_automata().values()):
+        assert min_accept_distance(auto) == distance_by_fixed_point(auto)
+    loop = compile_automaton(Grammar({"root": Seq((lit("a"), Ref("root")))}, "root"))  # never ends
+    assert min_accept_distance(loop) == distance_by_fixed_point(loop)
+    assert min_accept_distance(loop)[loop.root_start] == float("inf")
+
+
+def test_bench_planner_compares_both_ways_on_every_served_schema(capsys):
+    from course.s08_structured.serving.bench_planner import main
+
+    main()
+    out = capsys.readouterr().out
+    assert out.count(" positions ") == len(bench_finish.example_and_realworld_schemas()) and "x\n" in out
 
 
 @pytest.fixture(scope="module")
