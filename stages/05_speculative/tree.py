@@ -201,10 +201,10 @@ def deeper_may_pay(chances: list[float], likeliest: float, cost, max_nodes: int,
     """Whether drafting one more level could raise the step's expected tokens per second: even a
     child as likely as the likeliest node it could hang from (`likeliest`; a child is never
     likelier than its parent), bought with one more level's drafting (`level_seconds`)."""
+    if max_nodes == 0:
+        return False  # no room for a node at all
     m = tree_size(chances, cost, max_nodes, drafting)
     kept = sorted(chances, reverse=True)[:m]
     rate = (1 + sum(kept)) / (drafting + cost(1 + m))
-    if m == max_nodes == 0:
-        return False  # no room for a node at all
     gain, width = (likeliest - kept[-1], 1 + m) if m == max_nodes else (likeliest, 2 + m)
     return (1 + sum(kept) + gain) / (drafting + level_seconds + cost(width)) > rate
