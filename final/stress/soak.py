@@ -200,9 +200,10 @@ def run_soak(url: str, **kwargs) -> SoakReport:
 # ---- its own server -----------------------------------------------------------------------
 @contextlib.contextmanager
 def own_server(model: str | None = None, kv_blocks: int = 24, block_size: int | None = None, max_num_seqs: int = 8,
-               max_waiting: int = 256):
+               max_waiting: int = 256, max_num_batched_tokens: int = 256):
     """A server in this process on a free loopback port, over `model` (None: the tiny random
-    model), with a KV pool small enough to force preemptions."""
+    model), with a KV pool small enough to force preemptions (a model with sliding layers beside
+    full ones: its sliding group's pool sized for `max_num_seqs` windows and one step's tokens)."""
     if model is None:
         tok = byte_tokenizer()
         tok.chat_template = CHAT_TEMPLATE
@@ -211,7 +212,8 @@ def own_server(model: str | None = None, kv_blocks: int = 24, block_size: int | 
         loaded = load_model(None if model == "default" else model)
         net, tok, eos, name, block_size = loaded.model, loaded.tokenizer, loaded.eos_token_ids, model, block_size or 16
     config = KernelEngineConfig(num_blocks=kv_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                                max_waiting=max_waiting, record_steps=False)
+                                max_waiting=max_waiting, max_num_batched_tokens=max_num_batched_tokens,
+                                record_steps=False)
     # The tiny model's matrices are too small to share between threads, and on a busy CPU
     # OpenMP's spinning threads make each step 100x slower (measured: 360 ms vs 4 ms).
     threads = torch.get_num_threads()
@@ -248,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--block-size", type=int, help="own server: tokens per block (default 4 tiny, 16 a model)")
     p.add_argument("--max-num-seqs", type=int, default=8, help="own server")
     p.add_argument("--max-waiting", type=int, default=256, help="own server: the queue bound")
+    p.add_argument("--max-num-batched-tokens", type=int, default=256, help="own server: tokens a step")
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--concurrency", type=int, default=16, help="requests in flight at most")
     p.add_argument("--seed", type=int, default=0)
@@ -262,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         try:
             url = args.url.rstrip("/") if args.url else stack.enter_context(
-                own_server(args.model, args.kv_blocks, args.block_size, args.max_num_seqs, args.max_waiting))
+                own_server(args.model, args.kv_blocks, args.block_size, args.max_num_seqs, args.max_waiting,
+                           args.max_num_batched_tokens))
         except (ValueError, ModelLoadError) as e:  # a bad --model or pool size: say so, no traceback
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -74,6 +74,11 @@ class GroupedBlocks:
         return min(g.num_free_blocks for g in self.groups)
 
     @property
+    def fullest(self) -> BlockManager:
+        """The group with the least room left for its size: how full the whole cache is."""
+        return min(self.groups, key=lambda g: g.num_free_blocks / g.num_blocks)
+
+    @property
     def prefix_hit_tokens(self) -> int:
         return self.groups[0].prefix_hit_tokens
 

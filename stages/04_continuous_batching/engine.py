@@ -230,6 +230,7 @@ class LLMEngine:
 
     def stats(self) -> dict:
         b = self.blocks
+        pool = b.fullest if self.layer_groups else b  # layer groups: the group with the least room left
         return {"running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "free_blocks": b.num_free_blocks, "num_blocks": b.num_blocks,
+                "free_blocks": pool.num_free_blocks, "num_blocks": pool.num_blocks,
                 "prefix_hit_tokens": b.prefix_hit_tokens, "preemptions": self.scheduler.num_preemptions}

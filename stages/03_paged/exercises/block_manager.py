@@ -7,7 +7,8 @@
 or imports is yours to use). Methods go onto the reference `BlockManager` class, so `self` has
 every other method and field: `self.blocks`, `self.free_ids`, `self.cached_free`,
 `self.hash_to_block`, `self.tables`, `self.hashed`, `self.released`, `cached_prefix`,
-`can_allocate`, `blocks_needed`, `_prompt_blocks`, `_take`, `_take_free`. Without the flag the tests run the reference.
+`can_allocate`, `blocks_needed`, `_prompt_blocks`, `_take`, `_take_free`. Without the flag the
+tests run the reference.
 Read `block_manager.py`'s module docstring first; its code is the answer, so try before you look.
 """
 from __future__ import annotations

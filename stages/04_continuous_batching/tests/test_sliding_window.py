@@ -83,15 +83,19 @@ def test_sliding_window_mixed_layers_release_blocks_in_their_own_group(byte_tok)
 
     def counting_run(chunks, *args):
         held.append((full.blocks_held(rid), sliding.blocks_held(rid)))
+        stats = engine.stats()  # how full the cache is: the group with the least room left
+        usage.append((1 - stats["free_blocks"] / stats["num_blocks"],
+                      max(1 - g.num_free_blocks / g.num_blocks for g in (full, sliding))))
         return run(chunks, *args)
 
-    engine._run, tokens = counting_run, []
+    engine._run, tokens, usage = counting_run, [], []
     while engine.has_unfinished():
         tokens += [out.event.token_id for out in engine.step() if out.event]
     assert tokens == generate_naive(model, byte_tok, prompt, greedy(n)).token_ids
     assert max(s for _, s in held) <= WINDOW // BLOCK + 2
     assert held[-1][0] == -(-(len(prompt) + n - 1) // BLOCK)  # the full layers keep every block
     assert full.num_free_blocks == full.num_blocks and sliding.num_free_blocks == sliding.num_blocks
+    assert all(a == b for a, b in usage) and engine.stats()["free_blocks"] == engine.stats()["num_blocks"]
 
 
 def test_sliding_window_group_size_bounds_what_running_requests_hold(byte_tok, monkeypatch):
