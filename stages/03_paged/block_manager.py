@@ -125,8 +125,8 @@ class BlockManager:
         return n
 
     def behind_window(self, num_blocks: int) -> int:
-        """Leading blocks that no token from position num_blocks * block_size on can see (the
-        last of them always kept: it names the prefix)."""
+        """Leading blocks that no token from position num_blocks * block_size on can see; never
+        the last of the num_blocks (it is taken whatever the window: its hash names the prefix)."""
         if self.window is None:
             return 0
         return min(max(0, num_blocks - 1), max(0, num_blocks * self.block_size - self.window + 1) // self.block_size)
