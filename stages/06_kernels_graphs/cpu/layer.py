@@ -33,7 +33,7 @@ from torch import nn
 from . import native
 from .attention import KV_KINDS
 from .int8_linear import Int8Linear, quantize_rows
-from .onednn import MANY_ROWS, choice, onednn_product
+from .onednn import MANY_ROWS, onednn_product, takes
 from .split_linear import SplitLinear
 
 SOURCE = Path(__file__).with_name("layer.c")
@@ -94,7 +94,7 @@ def product(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = 
     """x [m, k] @ weight[n, k].T through layer.c (float32 x); weight float32,
     or int8 with one float32 scale per row."""
     x = x.contiguous()
-    if scale is None and x.shape[0] > BLOCKED_ROWS and choice(weight) == "onednn":
+    if scale is None and takes(x.shape[0], weight):
         return onednn_product(x, weight)   # many rows (a prompt's logprobs): onednn.py
     out = x.new_empty(x.shape[0], weight.shape[0])
     m, (n, k), threads = x.shape[0], weight.shape, torch.get_num_threads()
@@ -151,7 +151,7 @@ class CpuLayers:
         than the sgemm the C layer would call (onednn.py: the split linears take it there)."""
         if attn is not self.backend or x.dtype != torch.float32:
             return None
-        if x.shape[0] > BLOCKED_ROWS and self.gemms_by_ops and choice(self.weights[0].weights[0]) == "onednn":
+        if self.gemms_by_ops and takes(x.shape[0], self.weights[0].weights[0]):
             return None
         return LayerCalls(self, x, cos, sin, meta).run
 

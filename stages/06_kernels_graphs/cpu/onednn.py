@@ -50,6 +50,12 @@ def choice(weight: torch.Tensor) -> str:
     return _chosen[shape]
 
 
+def takes(rows: int, weight: torch.Tensor) -> bool:
+    """Does a product of `rows` rows by this weight go to oneDNN: a GEMM (past MANY_ROWS rows),
+    for a shape oneDNN does faster on this host?"""
+    return rows > MANY_ROWS and choice(weight) == "onednn"
+
+
 def _faster(weight: torch.Tensor, rows: int = 256, reps: int = 3) -> str:
     x = torch.randn(rows, weight.shape[1])
     best = {}
