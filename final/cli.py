@@ -11,7 +11,7 @@ from functools import partial
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import human
-from course.s03_paged.layer_groups import layer_groups, window_group_blocks
+from course.s03_paged.layer_groups import group_blocks, layer_groups, window_group_blocks
 from course.s03_paged.quantized_kv import KV_CACHE_DTYPES, pool_bytes_per_token, storage_dtype
 from course.s04_continuous_batching.hybrid.states import linear_layers, state_bytes
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
@@ -143,9 +143,9 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
               + (f"; {human(kv_memory)}: {kv_source}" if kv_memory is not None else "")
               + f"; {str(kv_dtype).removeprefix('torch.')}, {human(per_token)} a token in every layer); {sizes}",
               file=sys.stderr)
-        group_sizes = [(w, layers, blocks if w is None else min(blocks, window_group_blocks(
-            w, args.block_size, args.max_num_seqs, args.max_num_batched_tokens))) for w, layers in groups]
-        if windows := describe_windows(loaded.model.config, args.block_size, group_sizes):
+        pools = group_blocks(groups, blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+        if windows := describe_windows(loaded.model.config, args.block_size,
+                                       [(w, layers, n) for (w, layers), n in zip(groups, pools)]):
             print(f"KV cache: {windows}", file=sys.stderr)
         config = KernelEngineConfig(num_blocks=blocks, block_size=args.block_size, max_num_seqs=args.max_num_seqs,
                                     kv_cache_dtype=args.kv_cache_dtype,

@@ -36,6 +36,15 @@ def window_group_blocks(window: int, block_size: int, max_num_seqs: int, max_num
     return max_num_seqs * (-(-(window - 1) // block_size) + 2) + -(-max_num_batched_tokens // block_size)
 
 
+def group_blocks(groups: list[tuple[int | None, tuple[int, ...]]], num_blocks: int, block_size: int,
+                 max_num_seqs: int, max_num_batched_tokens: int) -> list[int]:
+    """Each group's pool, in blocks: the full group `num_blocks`, a sliding group what its windows
+    need (`window_group_blocks`), never more than the full group's."""
+    return [num_blocks if w is None else min(num_blocks, window_group_blocks(w, block_size, max_num_seqs,
+                                                                              max_num_batched_tokens))
+            for w, _ in groups]
+
+
 class GroupedBlocks:
     """A BlockManager per group behind BlockManager's interface, so the scheduler and the engines
     ask one pool and are answered for all: a change is made in every group or in none."""
@@ -190,9 +199,10 @@ class GroupedKVCache(PagedKVCache):
             self.parts[g].copy_blocks([(src, dst)])
 
 
-def group_metadata(meta, seqs, request_ids: list[int], blocks: GroupedBlocks, cache: GroupedKVCache, build):
-    """`meta` (built from group 0's tables) with each layer's own: `build(seqs)` again on every
-    other group's tables; `meta.for_layer(l)` then answers layer l's group's."""
-    metas = [meta] + [build(group) for group in blocks.group_seqs(seqs, request_ids)]
+def group_metadata(meta, others: list, cache: GroupedKVCache):
+    """`meta` (built from group 0's tables) with each layer's own, `others` being the metadata
+    built from every other group's tables (`GroupedBlocks.group_seqs`): `meta.for_layer(l)` then
+    answers layer l's group's."""
+    metas = [meta, *others]
     meta.by_layer = [metas[g] for g in cache.group_of]
     return meta

@@ -24,7 +24,7 @@ from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.sequence import GenerationOutput, Sequence, TokenEvent
 from course.s03_paged.block_manager import BlockManager, uniform_window
 from course.s03_paged.engine import check_fits
-from course.s03_paged.layer_groups import GroupedBlocks, GroupedKVCache, group_metadata, layer_groups, window_group_blocks
+from course.s03_paged.layer_groups import GroupedBlocks, GroupedKVCache, group_blocks, group_metadata, layer_groups
 from course.s03_paged.paged_attention import PagedAttention, PagedAttentionMetadata, PagedKVCache
 from course.s03_paged.quantized_kv import storage_dtype
 
@@ -74,8 +74,8 @@ class LLMEngine:
         kv_dtype = storage_dtype(config.kv_cache_dtype, model.dtype)
         self.layer_groups = layer_groups(model.config.layer_windows) if config.layer_groups else []
         if self.layer_groups:  # sliding layers beside full ones: a pool and tables per group (layer_groups.py)
-            sizes = [config.num_blocks] + [min(config.num_blocks, window_group_blocks(
-                w, config.block_size, config.max_num_seqs, config.max_num_batched_tokens)) for w, _ in self.layer_groups[1:]]
+            sizes = group_blocks(self.layer_groups, config.num_blocks, config.block_size, config.max_num_seqs,
+                                 config.max_num_batched_tokens)
             self.cache = GroupedKVCache(model.config, self.layer_groups, [n + self.reserved_blocks for n in sizes],
                                         config.block_size, model.dtype, model.device, kv_dtype)
             self.blocks = GroupedBlocks([BlockManager(n, config.block_size, config.enable_prefix_caching, window=w)
@@ -195,7 +195,8 @@ class LLMEngine:
         build = lambda s: PagedAttentionMetadata.build(s, self.config.block_size, self.model.device)  # noqa: E731
         meta = build(seqs)
         if self.layer_groups:  # each group's layers read their own tables
-            meta = group_metadata(meta, seqs, [req.request_id for req, _ in chunks], self.blocks, self.cache, build)
+            others = self.blocks.group_seqs(seqs, [req.request_id for req, _ in chunks])
+            meta = group_metadata(meta, [build(s) for s in others], self.cache)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.model.device)
         hidden = self.model(ids, self.attn, meta)
         return self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)

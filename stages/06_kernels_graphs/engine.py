@@ -117,7 +117,7 @@ class LLMEngine(BatchingEngine):
                                   max_num_seqs=config.max_num_seqs,
                                   max_blocks_per_seq=-(-self.max_model_len // config.block_size),
                                   dummy_block=dummy, graphs=graphs,
-                                  group_dummies=[g.num_blocks for g in getattr(self.blocks, "groups", [])[1:]])
+                                  group_dummies=[g.num_blocks for g in self.blocks.groups[1:]] if self.layer_groups else ())
         self.graphed_steps = 0
 
     def make_extensions(self) -> dict[str, Extension]:

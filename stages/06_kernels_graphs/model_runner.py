@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from course.s01_decode_loop.model import CausalLM
+from course.s03_paged.layer_groups import group_metadata
 
 from .backend_base import KernelBackend
 from .step_inputs import Feed, StepBuffers, step_inputs
@@ -56,8 +57,8 @@ class ModelRunner:
             return RunOutput(logits, hidden, graphed=True)
         ids, meta = self.prepare(token_ids, seqs, feed, trees)
         if groups:  # (trees move K/V within one pool: final/ drafts chains for such a model)
-            metas = [meta] + [self.prepare(token_ids, seqs_g, group=g)[1] for g, seqs_g in enumerate(groups, 1)]
-            meta.by_layer = [metas[g] for g in self.backend.cache.group_of]
+            meta = group_metadata(meta, [self.prepare(token_ids, seqs_g, group=g)[1]
+                                         for g, seqs_g in enumerate(groups, 1)], self.backend.cache)
         hidden = self.model(ids, self.backend, meta)
         logits = self.model.compute_logits(hidden[sample_rows]) if sample_rows else hidden.new_empty(0)
         return RunOutput(logits, hidden, graphed=False)

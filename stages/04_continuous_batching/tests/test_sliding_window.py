@@ -106,7 +106,8 @@ def test_sliding_window_group_size_bounds_what_running_requests_hold(byte_tok, m
 
     model = windowed_model(WINDOW, every_layer=False)
     seqs, budget = 4, 10
-    monkeypatch.setattr("course.s04_continuous_batching.engine.window_group_blocks", lambda *a: 256)
+    monkeypatch.setattr("course.s04_continuous_batching.engine.group_blocks",  # every pool as big as the full one
+                        lambda groups, num_blocks, *a: [num_blocks] * len(groups))
     engine = LLMEngine(model, byte_tok, EngineConfig(num_blocks=256, block_size=BLOCK, max_num_seqs=seqs,
                                                      max_num_batched_tokens=budget))
     sliding, peaks, run = engine.blocks.groups[1], [], engine._run
