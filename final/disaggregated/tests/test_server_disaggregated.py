@@ -209,12 +209,16 @@ def test_the_dashboard_page_picks_a_worker_and_shows_its_batch(server, tmp_path)
         assert [o.text for o in picker.options] == ["prefill-0", "decode-0"]
         picker.select_by_visible_text("decode-0")
         body = {"prompt": "the page watches", "max_tokens": 48, "ignore_eos": True, "temperature": 0}
+        # waves of requests until the page has shown a row of the decode worker's batch: on a busy
+        # machine the page's stream may catch up only after a wave has finished (no race on one wave)
+        answers, states, deadline = [], [], time.monotonic() + 120
         with ThreadPoolExecutor(4) as pool:
-            answers = [pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=60) for _ in range(8)]
-            states = []
-            while not all(a.done() for a in answers):
-                states.append(driver.execute_script(PAGE_STATE))
-                time.sleep(0.1)
+            while not any(s["rows"] for s in states) and time.monotonic() < deadline:
+                wave = [pool.submit(httpx.post, server.url + "/v1/completions", json=body, timeout=60) for _ in range(8)]
+                answers += wave
+                while not all(a.done() for a in wave):
+                    states.append(driver.execute_script(PAGE_STATE))
+                    time.sleep(0.1)
         while states[-1]["rows"] and time.monotonic() < deadline + 30:
             time.sleep(0.1)
             states.append(driver.execute_script(PAGE_STATE))
