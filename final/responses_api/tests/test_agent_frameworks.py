@@ -30,10 +30,10 @@ def get_weather(city: Literal["Paris", "Tokyo"]) -> str:
 
 
 def test_langchain_reads_text_and_tool_calls_whole_and_streamed(server):
-    def llm(max_tokens: int) -> ChatOpenAI:
+    def llm(max_tokens: int, **sampling) -> ChatOpenAI:
         return ChatOpenAI(model="tiny", base_url=server[0] + "/v1", api_key="none", use_responses_api=True,
-                          max_tokens=max_tokens, max_retries=0)
-    text = llm(8).invoke("hi")
+                          max_tokens=max_tokens, max_retries=0, **sampling)
+    text = llm(8, temperature=0).invoke("hi")  # greedy: a sampled end-of-text could end the answer early
     assert text.response_metadata["id"].startswith("resp_") and text.usage_metadata["output_tokens"] == 8
     assert text.content[0]["type"] == "text" and text.content[0]["text"]
     calling = llm(200).bind_tools([get_weather], tool_choice="required", parallel_tool_calls=False)
