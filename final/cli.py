@@ -19,6 +19,7 @@ from course.s07_disaggregated.router import POLICIES as ROUTING_POLICIES
 from course.s08_structured.json_schema import BEST_EFFORT, SERVING_BOUNDS, STRICT, json_schema_to_grammar
 from course.s08_structured.native.walker import native_classifier
 from course.s08_structured.serving.closing import CloseOnBudget
+from course.s08_structured.serving.rule_cache import cached_build_rule
 
 from . import compat, dashboard, harness, reasoning, responses_api, tools
 from .async_engine import AsyncEngine
@@ -57,10 +58,12 @@ def plug_in_json_schema(app, server) -> None:
     when the tokens left in max_tokens are about what the shortest way to close it needs, only
     tokens that still let it close are allowed (a valid document; "length" if it was closed early).
     A position's mask is made by stage 08's walk in C where a compiler is found (native/: a new
-    schema's slowest masks come 6.6x sooner: stage 08's results/bench_coverage.json)."""
+    schema's slowest masks come 6.6x sooner: stage 08's results/bench_coverage.json), and the small
+    rules every schema has (`string_max64`, `number`, ...) are built once (serving/rule_cache.py)."""
     server.grammars.schema_grammar = schema_grammar
     server.grammars.narrow = CloseOnBudget()
     server.grammars.classify = native_classifier() or server.grammars.classify
+    server.grammars.build_rule = cached_build_rule
 
 
 def plugins(door: Door | None = None, dashboard_routes: bool = True, reasoning_parser: str = "auto",

@@ -35,6 +35,7 @@ from typing import Callable
 
 import torch
 
+from course.s08_structured.automaton import build_rule
 from course.s08_structured.budget import CompileBudget, CompileCancelled
 from course.s08_structured.generate import GrammarLogitsProcessor
 from course.s08_structured.grammar import Grammar, lit
@@ -45,6 +46,7 @@ from course.s08_structured.vocab import TokenizerInfo
 from .engine_client import ShuttingDownError
 
 ANY_OBJECT = {"type": "object"}
+WARM_SCHEMA = {"type": "object", "properties": {t: {"type": t} for t in ("string", "number", "integer", "array")}}
 WARNINGS_HEADER = "x-structured-output-warnings"
 
 
@@ -73,11 +75,11 @@ def warning_headers(processors) -> dict[str, str]:
 class GrammarCache:
     def __init__(self, tokenizer, vocab_size: int, stop_ids: list[int], capacity: int = 32,
                  timeout_s: float | None = 20.0, precompute: bool = False):
-        # given by a plug-in: the JSON Schema front end, each processor's mask narrower, and how a
-        # position's mask is made (stage 08's walk, or the same walk in C)
+        # given by a plug-in: the JSON Schema front end, each processor's mask narrower, how a
+        # position's mask is made (stage 08's walk, or the same walk in C) and a rule's automaton
         self.schema_grammar: Callable[[dict | bool, bool, CompileBudget], Grammar] | None = None
         self.narrow = None
-        self.classify = classify_position
+        self.classify, self.build_rule = classify_position, build_rule
         self.tokenizer, self.vocab_size, self.stop_ids = tokenizer, vocab_size, list(stop_ids)
         self.capacity, self.timeout_s = capacity, timeout_s
         self.precompute = precompute  # True: every position's mask at compile time (the first request waits)
@@ -98,8 +100,8 @@ class GrammarCache:
             return hit
         # Merging equivalent positions (stage 08's minimize.py) pays when every position gets a
         # mask at compile time; made lazily, masks are few, and merging would be a third of the compile.
-        compiled = compile_grammar(grammar, self.tokenizer_info(), precompute=self.precompute,
-                                   minimize=self.precompute, budget=budget, classify=self.classify)
+        compiled = compile_grammar(grammar, self.tokenizer_info(), precompute=self.precompute, minimize=self.precompute,
+                                   budget=budget, classify=self.classify, build_rule=self.build_rule)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:
@@ -119,6 +121,9 @@ class GrammarCache:
         compiled = compile_grammar(Grammar({"root": lit("{}")}, "root"), self.tokenizer_info(), precompute=False,
                                    classify=self.classify)
         GrammarLogitsProcessor(compiled, max_new_tokens=1, narrow=self.narrow)([], torch.zeros(self.vocab_size))
+        if self.schema_grammar is not None:  # and the rules most schemas share, kept by a caching build_rule
+            compile_grammar(self.schema_grammar(WARM_SCHEMA, False, CompileBudget()), self._info, precompute=False,
+                            minimize=False, build_rule=self.build_rule)
 
     def cached(self, key: str | None) -> CompiledGrammar | None:
         with self._lock:

@@ -195,7 +195,7 @@ def endless_compile(monkeypatch):
     from course.final import structured
     started, stopped = threading.Event(), threading.Event()
 
-    def compile_until_stopped(grammar, info, precompute=True, minimize=True, budget=None, classify=None):
+    def compile_until_stopped(grammar, info, precompute=True, minimize=True, budget=None, **how):
         started.set()
         try:
             while True:

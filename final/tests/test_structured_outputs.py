@@ -236,3 +236,19 @@ def test_the_full_servers_masks_are_made_by_the_c_walk_and_equal_the_lessons(byt
         assert (mine.next_token_mask() == theirs.next_token_mask()).all()
         assert mine.accept_token(t) and theirs.accept_token(t)
     assert compiled.masks
+
+
+def test_the_full_server_builds_the_rules_schemas_share_at_start_up(byte_tok):
+    """plug_in_json_schema gives the grammar cache stage 08's kept rule automata, and prepare()
+    builds the ones most schemas share (a bounded string, numbers, arrays) before any request."""
+    from course.final.cli import plug_in_json_schema
+    from course.final.structured import GrammarCache
+    from course.s08_structured.serving import rule_cache
+
+    class Server:
+        grammars = GrammarCache(byte_tok, 258, [byte_tok.eos_token_id])
+
+    plug_in_json_schema(None, Server)
+    rule_cache.forget()
+    Server.grammars.prepare()
+    assert {"string_max64", "number_max16", "integer_max16", "array"} <= {name for name, _ in rule_cache._kept}

@@ -14,7 +14,7 @@ the pushdown part (pda.py).
 Every (rule, DFA state) pair gets one global integer: a *position*. The tables, indexed by
 position, are all the run-time ever reads:
 
-    trans[pos]   list of 256 target positions (-1 = no edge)
+    trans[pos]   the 256 target positions, one per byte (-1 = no edge)
     calls[pos]   tuple of (callee's start position, return position)
     final[pos]   the rule may end here
 
@@ -25,9 +25,12 @@ once positions that behave the same are merged (minimize.py) against `max_states
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
 
 from .budget import CompileBudget, LimitExceeded
-from .grammar import Grammar, GrammarError
+from .grammar import Expr, Grammar, GrammarError
 from .inlining import inline_rules, recursive_rules
 from .minimize import minimize
 from .nfa import MAX_NFA_STATES, _NFA, nfa_states
@@ -38,7 +41,7 @@ MAX_DFA_STATES = 100_000
 @dataclass
 class _RuleDFA:
     """A deterministic automaton for one rule: state 0 is the start."""
-    byte_edges: list[list[tuple[int, int, int]]]   # per state: disjoint (lo, hi, target)
+    edges: np.ndarray                              # byte edges (state, lo, hi, target): disjoint per state
     call_edges: list[list[tuple[str, int]]]        # per state: (rule, target), one target per rule
     final: list[bool]
 
@@ -62,26 +65,28 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
     first = closure([start])
     ids = {first: 0}
     order = [first]
-    byte_edges, call_edges, final = [], [], []
+    byte_edges, call_edges, final = [], [], []     # (state, lo, hi, target); per state: (rule, target); bool
     for members in order:                          # `order` grows as new subsets appear
-        # Byte edges: cut the byte range at every edge boundary, find each piece's targets.
-        edges = [e for m in members for e in nfa.bytes[m]]
-        cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+        # Byte edges: each range's targets (overlapping ranges are cut at every boundary first).
+        edges = sorted(e for m in members for e in nfa.bytes[m])
+        if all(x[1] < y[0] for x, y in zip(edges, edges[1:])):
+            pieces = [(lo, hi, (t,)) for lo, hi, t in edges]
+        else:
+            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+            pieces = [(a, b - 1, targets) for a, b in zip(cuts, cuts[1:])
+                      if (targets := [t for lo, hi, t in edges if lo <= a and b - 1 <= hi])]
         out: list[tuple[int, int, int]] = []
-        for a, b in zip(cuts, cuts[1:]):
-            targets = [t for lo, hi, t in edges if lo <= a and b - 1 <= hi]
-            if not targets:
-                continue
+        for lo, hi, targets in pieces:
             tid = _subset_id(closure(targets), ids, order)
-            if out and out[-1][2] == tid and out[-1][1] == a - 1:
-                out[-1] = (out[-1][0], b - 1, tid)   # merge neighbouring pieces with one target
+            if out and out[-1][2] == tid and out[-1][1] == lo - 1:
+                out[-1] = (out[-1][0], hi, tid)   # merge neighbouring pieces with one target
             else:
-                out.append((a, b - 1, tid))
+                out.append((lo, hi, tid))
+        byte_edges += [(len(final), lo, hi, t) for lo, hi, t in out]
         calls: dict[str, list[int]] = {}
         for m in members:
             for rule, t in nfa.calls[m]:
                 calls.setdefault(rule, []).append(t)
-        byte_edges.append(out)
         call_edges.append([(rule, _subset_id(closure(ts), ids, order)) for rule, ts in calls.items()])
         final.append(accept in members)
         if len(order) > MAX_DFA_STATES:
@@ -90,7 +95,15 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
             raise LimitExceeded("max_build_states", budget.max_build_states, "the grammar's automaton grows "
                                 f"past {budget.max_build_states} states while rule {nfa.rule!r} is determinised")
         budget.check()
-    return _RuleDFA(byte_edges, call_edges, final)
+    return _RuleDFA(np.array(byte_edges, dtype=np.int64).reshape(-1, 4), call_edges, final)
+
+
+def build_rule(name: str, body: Expr, budget: CompileBudget, room: int | None = None) -> _RuleDFA:
+    """One rule's automaton: its NFA, made deterministic (serving/rule_cache.py keeps small ones)."""
+    nfa = _NFA(name, budget)
+    start, accept = nfa.new(), nfa.new()
+    nfa.build(body, start, accept)
+    return _determinize(nfa, start, accept, room)
 
 
 def _subset_id(subset: frozenset, ids: dict, order: list) -> int:
@@ -106,13 +119,13 @@ class Automaton:
     rule_names: list[str]
     rule_start: dict[str, int]          # rule -> its start position
     rule_of: list[str]                  # position -> rule (for messages and the notebook)
-    trans: list[list[int]]              # position -> 256 targets (-1 = none)
+    trans: np.ndarray                   # int32 [positions, 256]: position -> each byte's target (-1 = none)
     calls: list[tuple[tuple[int, int], ...]]
     final: list[bool]
     scannable: list[bool]               # has at least one byte edge
     pure_end: list[bool]                # final, no edges: returning here = returning from the rule
     root_start: int
-    targets: list[tuple[int, ...]]      # position -> its distinct byte-edge targets (trans, sparse)
+    edges: np.ndarray                   # trans, sparse: (position, lo, hi, target), a row per byte range
 
     @property
     def num_positions(self) -> int:
@@ -120,76 +133,63 @@ class Automaton:
 
 
 def compile_automaton(grammar: Grammar, inline: bool = True, budget: CompileBudget | None = None,
-                      minimize_positions: bool = True) -> Automaton:
+                      minimize_positions: bool = True, build: Callable = build_rule) -> Automaton:
     """The position tables of a grammar. With a budget: refused before anything is built if the
     grammar needs more than max_build_states states, refused after merging equivalent positions
     (minimize.py) if more than max_states are left (unmerged, max_build_states is the bound), and
     stopped at the deadline or on cancel().
-    minimize_positions=False keeps every (rule, state) as its own position (to see what merging buys)."""
+    minimize_positions=False keeps every (rule, state) as its own position (to see what merging
+    buys); `build` makes each rule's automaton (serving/rule_cache.py keeps small ones)."""
     budget = budget or CompileBudget.unlimited()
     try:
-        return _compile_automaton(grammar, inline, budget, minimize_positions)
+        return _compile_automaton(grammar, inline, budget, minimize_positions, build)
     except LimitExceeded as e:  # too big or too slow: name the schema's largest part too
         e.part = grammar.largest_part() if e.limit in ("max_build_states", "max_states", "timeout_s") else None
         raise
 
 
 def _compile_automaton(grammar: Grammar, inline: bool, budget: CompileBudget,
-                       minimize_positions: bool) -> Automaton:
+                       minimize_positions: bool, build: Callable) -> Automaton:
     if inline:
         grammar = inline_rules(grammar, budget)
     _check_size(grammar, budget)
-    dfas: dict[str, _RuleDFA] = {}
-    used = 0
+    dfas, base, total = {}, {}, 0                  # rule -> its automaton, its first position
     for name, body in grammar.rules.items():
         budget.working_on = f"building rule {name!r}"
-        nfa = _NFA(name, budget)
-        start, accept = nfa.new(), nfa.new()
-        nfa.build(body, start, accept)
-        room = None if budget.max_build_states is None else budget.max_build_states - used
-        dfas[name] = _determinize(nfa, start, accept, room)
-        used += len(dfas[name].final)
-    base, names = {}, list(dfas)
-    total = 0
-    for name in names:
-        base[name] = total
-        total += len(dfas[name].final)
-    # Every (rule, state) as a global position, edges sparse: then merge equivalent ones.
-    final, edges, call_edges, rule_of = [], [], [], []
-    for name in names:
-        dfa, off = dfas[name], base[name]
-        for st in range(len(dfa.final)):
-            final.append(dfa.final[st])
-            edges.append(tuple((lo, hi, off + t) for lo, hi, t in dfa.byte_edges[st]))
-            call_edges.append(tuple((base[r], off + t) for r, t in dfa.call_edges[st]))
-            rule_of.append(name)
+        room = None if budget.max_build_states is None else budget.max_build_states - total
+        dfas[name] = build(name, body, budget, room)
+        base[name], total = total, total + len(dfas[name].final)
+    # Every (rule, state) as a global position: byte edges as one array of (from, lo, hi, to).
+    final, call_edges, rule_of = [], [], []
+    for name, dfa in dfas.items():
+        final += dfa.final
+        rule_of += [name] * len(dfa.final)
+        call_edges += [tuple((base[r], base[name] + t) for r, t in calls) for calls in dfa.call_edges]
+    edges = np.concatenate([np.zeros((0, 4), dtype=np.int64)] +
+                           [dfa.edges + [base[name], 0, 0, base[name]] for name, dfa in dfas.items()])
     merged, count = list(range(total)), total
     if minimize_positions:  # max_states bounds the merged positions (a mask each, if precomputed)
-        budget.working_on = f"merging the {total} positions of {len(names)} rules"
-        merged, count = minimize(final, edges, call_edges, budget)
+        budget.working_on = f"merging the {total} positions of {len(dfas)} rules"
+        sparse = [[] for _ in range(total)]
+        for src, lo, hi, t in edges.tolist():
+            sparse[src].append((lo, hi, t))
+        merged, count = minimize(final, sparse, call_edges, budget)
         budget.at_most("max_states", count, f"the grammar needs {count} automaton states after merging "
                        f"equivalent ones ({total} built)")
-    first = {}                                     # merged id -> one position it stands for
-    for pos in range(total):
-        first.setdefault(merged[pos], pos)
-    trans, calls, new_final, new_rule_of, targets = [], [], [], [], []
-    for new in range(count):
-        if new & 1023 == 0:
-            budget.check()
-        pos = first[new]
-        row = [-1] * 256
-        for lo, hi, t in edges[pos]:
-            row[lo:hi + 1] = [merged[t]] * (hi - lo + 1)
-        trans.append(row)
-        targets.append(tuple({merged[t] for _, _, t in edges[pos]}))
-        calls.append(tuple((merged[c], merged[r]) for c, r in call_edges[pos]))
-        new_final.append(final[pos])
-        new_rule_of.append(rule_of[pos])
-    final, rule_of, total = new_final, new_rule_of, count
+    first = np.unique(merged, return_index=True)[1].tolist()   # merged id -> the first position it stands for
+    edges = edges[np.isin(edges[:, 0], first)]        # its edges stand for those of its equivalents
+    edges[:, 0], edges[:, 3] = np.take(merged, edges[:, 0]), np.take(merged, edges[:, 3])
+    src, lo, hi, dst = edges.T                        # the dense table: a range lo..hi is hi - lo + 1 cells
+    cells = hi - lo + 1
+    trans = np.full((count, 256), -1, dtype=np.int32)
+    trans[np.repeat(src, cells), np.arange(int(cells.sum())) - np.repeat(np.cumsum(cells) - cells - lo, cells)] = \
+        np.repeat(dst, cells)
+    scannable = (np.bincount(src, minlength=count) > 0).tolist()
+    calls = [tuple((merged[c], merged[r]) for c, r in call_edges[p]) for p in first]
+    final, rule_of = [final[p] for p in first], [rule_of[p] for p in first]
     base = {name: merged[start] for name, start in base.items()}
-    scannable = [bool(t) for t in targets]
-    pure_end = [final[p] and not scannable[p] and not calls[p] for p in range(total)]
-    auto = Automaton(names, base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root], targets)
+    pure_end = [final[p] and not scannable[p] and not calls[p] for p in range(count)]
+    auto = Automaton(list(dfas), base, rule_of, trans, calls, final, scannable, pure_end, base[grammar.root], edges)
     check_no_left_recursion(auto, budget)
     return auto
 

@@ -22,7 +22,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .automaton import Automaton, compile_automaton
+from .automaton import Automaton, build_rule, compile_automaton
 from .budget import CompileBudget, recursion_guard
 from .grammar import Grammar
 from .mask_cache import PositionMask, VocabMatrix, classify_position
@@ -48,14 +48,14 @@ class CompiledGrammar:
         return m
 
 
-def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True,
-                    inline: bool = True, *, budget: CompileBudget | None = None,
-                    minimize: bool = True, classify: Callable = classify_position) -> CompiledGrammar:
+def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True, inline: bool = True, *,
+                    budget: CompileBudget | None = None, minimize: bool = True,
+                    classify: Callable = classify_position, build_rule: Callable = build_rule) -> CompiledGrammar:
     """Build the automaton and (by default) every position's context-independent mask now,
     before any request needs them; precompute=False fills them lazily on first use.
     inline=False keeps every rule separate (to see what inlining buys); minimize=False keeps
-    every position as built, equivalent ones too (to see what merging them buys). `classify`
-    makes a position's mask (the server's: the same walk in C, native/walker.py).
+    every position as built, equivalent ones too (to see what merging them buys). `classify` makes
+    a position's mask, `build_rule` a rule's automaton (the server's: native/, serving/rule_cache.py).
 
     `budget` bounds this call: the automaton's size (max_build_states, max_states), and the
     deadline and cancel() for everything done here, mask precomputation included (masks
@@ -64,7 +64,7 @@ def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = Tr
     t0 = time.perf_counter()
     budget = budget or CompileBudget.unlimited()
     with recursion_guard("the grammar"):
-        auto = compile_automaton(grammar, inline=inline, budget=budget, minimize_positions=minimize)
+        auto = compile_automaton(grammar, inline=inline, budget=budget, minimize_positions=minimize, build=build_rule)
         if getattr(info, "_matrix", None) is None:   # built once per TokenizerInfo, kept on it
             info._matrix = VocabMatrix(info)
         compiled = CompiledGrammar(grammar, info, auto, PDA(auto), info._matrix, classify=classify)

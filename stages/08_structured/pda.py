@@ -89,7 +89,7 @@ class PDA:
         for n in members:
             if n >= 0:
                 pos, parent = self.nodes[n]
-                t = trans[pos][byte]
+                t = trans.item(pos, byte)
                 if t >= 0:
                     moved.append(self.node(t, parent))
         return self.close(moved)

@@ -4,8 +4,8 @@
 
 `--exercise` (root conftest.py) puts these methods onto the reference `PDA` in
 `course.s08_structured.pda`, in that module's namespace (`END`, `UNKNOWN`, `DEAD` are there).
-`self` has the reference's fields: `self.auto` (the compiled automaton: `trans[pos][byte]` is the
-position after `byte` or -1, `calls[pos]` the (callee start, return position) pairs, `final[pos]`,
+`self` has the reference's fields: `self.auto` (the compiled automaton: `trans.item(pos, byte)` is
+the position after `byte` or -1, `calls[pos]` the (callee start, return position) pairs, `final[pos]`,
 `scannable[pos]`, `pure_end[pos]`), `self.nodes` (node id -> (position, parent node id)) and
 `self.node(pos, parent)` (the interned id of that pair). Without the flag the tests run the
 reference. Read `pda.py`'s module docstring first; its code is the answer, so try before you look.

@@ -3,9 +3,8 @@
    A Walker owns one grammar's pushdown automaton as pda.py builds it: stack nodes (position,
    parent) interned to ids, states (sorted sets of node ids and the sentinels END / UNKNOWN)
    interned to ids, and each state's 256 moves memoised in a dense row (-1: not taken yet).
-   The automaton's tables (trans, calls, final, scannable, pure_end) come from Python a position
-   at a time, through a callback, the first time a walk reaches the position: a large grammar
-   has tens of thousands of positions, and a walk visits few of them.
+   The automaton's tables (trans, calls, final, scannable, pure_end) are borrowed from Python's
+   arrays (automaton.py's dense table, walker.py's flags and calls), read in place.
 
    walker_classify feeds the whole vocabulary, sorted by bytes, from a stack holding only `pos`
    over an unknown bottom. Sorted tokens share their prefixes with the token before them (lcp),
@@ -21,15 +20,10 @@
 
 typedef struct {
     /* the automaton, borrowed */
-    /* load(p) writes trans row p, final/scannable/pure_end[p], and p's (callee, ret) pairs into
-       scratch, returning how many (-1: failed); p's entries are valid once loaded[p] */
-    int32_t (*load)(int32_t);
     const int32_t *trans;      /* [n_pos * 256], -1 = no edge */
     const uint8_t *final, *scannable, *pure_end;
-    const int32_t *scratch;
-    uint8_t *loaded;
-    int64_t *call_start; int32_t *call_count;   /* p's pairs in call_pool */
-    int32_t *call_pool; int64_t n_pool, cap_pool;
+    const int64_t *call_off;   /* p's (callee, ret) pairs: call_pairs[2 * call_off[p] .. 2 * call_off[p + 1]) */
+    const int32_t *call_pairs;
     /* stack nodes */
     int32_t *node_pos, *node_parent, *stamp;
     int64_t n_nodes, cap_nodes;
@@ -170,19 +164,8 @@ static int32_t intern(Walker *w, const int32_t *m, int64_t n) {
 
 /* pda.close: expand calls and returns until every stack has a byte edge on top (or is a
    sentinel), then intern the set. `start` is w->todo[0 .. n). Returns the state id or -1. */
-static int ensure_loaded(Walker *w, int32_t pos) {
-    if (w->loaded[pos]) return 0;
-    int32_t n = w->load(pos);
-    if (n < 0 || grow((void **)&w->call_pool, &w->cap_pool, w->n_pool + 2 * (int64_t)n, sizeof(int32_t))) return -1;
-    if (n) memcpy(w->call_pool + w->n_pool, w->scratch, 2 * (size_t)n * sizeof(int32_t));
-    w->call_start[pos] = w->n_pool; w->call_count[pos] = n;
-    w->n_pool += 2 * (int64_t)n;
-    w->loaded[pos] = 1;
-    return 0;
-}
-
 static const int32_t *row_of(Walker *w, int32_t pos) {
-    return ensure_loaded(w, pos) ? NULL : w->trans + (int64_t)pos * 256;
+    return w->trans + (int64_t)pos * 256;
 }
 
 static int32_t close_and_intern(Walker *w, int64_t n) {
@@ -201,17 +184,15 @@ static int32_t close_and_intern(Walker *w, int64_t n) {
         if (w->stamp[x] == w->cur_stamp) continue;
         w->stamp[x] = w->cur_stamp;
         int32_t pos = w->node_pos[x], parent = w->node_parent[x];
-        if (ensure_loaded(w, pos)) return -1;
         if (w->scannable[pos]) {
             if (grow((void **)&w->out, &w->cap_out, out_n + 1, sizeof(int32_t))) return -1;
             w->out[out_n++] = x;
         }
-        int32_t count = w->call_count[pos];
+        int64_t count = w->call_off[pos + 1] - w->call_off[pos];
         if (grow((void **)&w->todo, &w->cap_todo, n + count + 1, sizeof(int32_t))) return -1;
-        for (int32_t k = 0; k < count; k++) {
-            const int32_t *pair = w->call_pool + w->call_start[pos] + 2 * k;
+        for (int64_t k = 0; k < count; k++) {
+            const int32_t *pair = w->call_pairs + 2 * (w->call_off[pos] + k);
             int32_t callee = pair[0], ret = pair[1];
-            if (ensure_loaded(w, ret)) return -1;
             /* returning to a position that only ends its rule = returning to the parent (a tail call) */
             int32_t below = w->pure_end[ret] ? parent : node(w, ret, parent);
             if (below == -1 && !w->pure_end[ret]) return -1;
@@ -239,7 +220,6 @@ static int32_t step(Walker *w, int32_t s, int byte) {
         int32_t x = w->members[i];
         if (x < 0) continue;
         const int32_t *row = row_of(w, w->node_pos[x]);
-        if (!row) return -1;
         int32_t t = row[byte];
         if (t >= 0) {
             int32_t moved = node(w, t, w->node_parent[x]);
@@ -257,21 +237,16 @@ void walker_free(Walker *w) {
     if (!w) return;
     free(w->node_pos); free(w->node_parent); free(w->stamp); free(w->node_keys); free(w->node_vals);
     free(w->members); free(w->state_off); free(w->has_unknown); free(w->moves); free(w->state_table);
-    free(w->todo); free(w->out); free(w->loaded); free(w->call_start); free(w->call_count); free(w->call_pool);
+    free(w->todo); free(w->out);
     free(w);
 }
 
-Walker *walker_new(int32_t n_pos, int32_t (*load)(int32_t), const int32_t *trans, const uint8_t *final,
-                   const uint8_t *scannable, const uint8_t *pure_end, const int32_t *scratch,
-                   int64_t max_states, int64_t max_nodes) {
+Walker *walker_new(const int32_t *trans, const uint8_t *final, const uint8_t *scannable, const uint8_t *pure_end,
+                   const int64_t *call_off, const int32_t *call_pairs, int64_t max_states, int64_t max_nodes) {
     Walker *w = calloc(1, sizeof(Walker));
     if (!w) return NULL;
-    w->load = load; w->trans = trans; w->scratch = scratch;
-    w->final = final; w->scannable = scannable; w->pure_end = pure_end;
-    w->loaded = calloc((size_t)n_pos, 1);
-    w->call_start = calloc((size_t)n_pos, sizeof(int64_t));
-    w->call_count = calloc((size_t)n_pos, sizeof(int32_t));
-    if (!w->loaded || !w->call_start || !w->call_count) { walker_free(w); return NULL; }
+    w->trans = trans; w->final = final; w->scannable = scannable; w->pure_end = pure_end;
+    w->call_off = call_off; w->call_pairs = call_pairs;
     w->max_states = max_states; w->max_nodes = max_nodes;
     if (rehash_nodes(w) || rehash_states(w)) { walker_free(w); return NULL; }
     int64_t cap = 0;
@@ -314,10 +289,9 @@ void token_bytesets(int64_t n_tokens, const uint8_t *bytes, const int64_t *offse
    unrolls into such a chain; a string's loop back to pos is a chain without end). A token made
    only of those bytes, no longer than the chain, keeps the stack [pos]'s successor alive to its
    end, whatever lies below: it is accepted without a walk (mask_cache.py's shortcut for loops).
-   Returns the depth (0: no chain; INT64_MAX: a loop). -1: a row could not be loaded. */
+   Returns the depth (0: no chain; INT64_MAX: a loop). */
 static int64_t chain(Walker *w, int32_t pos, int64_t max_len, uint64_t inside[4]) {
     const int32_t *row = row_of(w, pos);
-    if (!row) return -1;
     int32_t targets[256], n = 0, best = -1, best_count = 0;
     for (int c = 0; c < 256; c++) if (row[c] >= 0) targets[n++] = row[c];
     qsort(targets, (size_t)n, sizeof(int32_t), cmp_i32);
@@ -332,7 +306,6 @@ static int64_t chain(Walker *w, int32_t pos, int64_t max_len, uint64_t inside[4]
     for (int32_t at = pos, next = best; depth < max_len; depth++) {
         if (next == at) return INT64_MAX;
         const int32_t *r = row_of(w, next);
-        if (!r) return -1;
         int32_t after = -2;
         for (int c = 0; c < 256 && after != -1; c++) {
             if (!(inside[c >> 6] >> (c & 63) & 1)) continue;
@@ -366,7 +339,6 @@ int64_t walker_classify(Walker *w, int32_t pos, int64_t n_tokens, const uint8_t 
     if (start < 0) { n_accepted = -1; goto done; }
     uint64_t inside[4];
     int64_t depth = chain(w, pos, max_len, inside);
-    if (depth < 0) { n_accepted = -1; goto done; }
     st[0] = start;
     int64_t reach = 0;   /* st[0 .. reach] hold the states along the current token's first bytes */
     int64_t i = 0;

@@ -33,14 +33,13 @@ from ..pda import PDA
 SOURCE = Path(__file__).with_name("walk.c")
 MAX_STATES = 1 << 14        # a state's 256 moves are a dense row: 16 MiB at the limit (then it starts afresh)
 MAX_NODES = 1 << 22
-LOAD = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32)   # walk.c asks for a position's tables
 
 
 @native.cached_loader
 def _library():
     lib = native.load(SOURCE, native.BASE_FLAGS)
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
-    lib.walker_new.argtypes = [i32, LOAD, ptr, ptr, ptr, ptr, ptr, i64, i64]
+    lib.walker_new.argtypes = [ptr, ptr, ptr, ptr, ptr, ptr, i64, i64]
     lib.walker_new.restype = ptr
     lib.walker_free.argtypes = [ptr]
     lib.walker_free.restype = None
@@ -103,27 +102,27 @@ class SortedVocab:
 
 
 class Walker:
-    """One grammar's automaton in C. A position's tables (its 256 moves, calls and flags) are
-    copied in the first time a walk reaches it: copying them all would cost ~6 us a position,
-    0.2 s for a 35,000-position grammar, to walk a few hundred of them."""
+    """One grammar's automaton in C: walk.c reads the automaton's dense table in place, and the
+    flags and calls from arrays made here once (a few ms for a 35,000-position grammar)."""
 
     def __init__(self, pda: PDA, max_states: int = MAX_STATES, max_nodes: int = MAX_NODES):
         auto = pda.auto
         self.max_states, self.max_nodes = max_states, max_nodes
-        n = auto.num_positions
-        # filled a position at a time by _loader; untouched pages of np.empty cost nothing
-        self.trans = np.empty((n, 256), dtype=np.int32)
-        self.final, self.scannable, self.pure_end = (np.empty(n, dtype=np.uint8) for _ in range(3))
-        self.scratch = np.empty(2 * max((len(c) for c in auto.calls), default=0) + 2, dtype=np.int32)
-        self._load = LOAD(_loader(auto, self.trans, self.final, self.scannable, self.pure_end, self.scratch))
+        self.trans = np.ascontiguousarray(auto.trans, dtype=np.int32)
+        self.final, self.scannable, self.pure_end = (np.array(flags, dtype=np.uint8)
+                                                     for flags in (auto.final, auto.scannable, auto.pure_end))
+        self.call_off = np.zeros(auto.num_positions + 1, dtype=np.int64)   # pos's pairs: call_off[pos] ..
+        np.cumsum([len(c) for c in auto.calls], out=self.call_off[1:])
+        self.call_pairs = np.array([x for c in auto.calls for pair in c for x in pair] or [0], dtype=np.int32)
         self._handle = None
         self._lock = threading.Lock()   # the C walker is one thread's at a time (ctypes drops the GIL)
         self._open()
 
     def _open(self) -> None:
         self.close()
-        handle = _library().walker_new(len(self.final), self._load, *(a.ctypes.data for a in (
-            self.trans, self.final, self.scannable, self.pure_end, self.scratch)), self.max_states, self.max_nodes)
+        handle = _library().walker_new(*(a.ctypes.data for a in (
+            self.trans, self.final, self.scannable, self.pure_end, self.call_off, self.call_pairs)),
+            self.max_states, self.max_nodes)
         if not handle:
             raise MemoryError("walk.c could not allocate a walker")
         self._handle = handle
@@ -158,21 +157,6 @@ class Walker:
                     return _store(vocab, bits, accepted_ids[:min(n_accepted, listed)],
                                   np.sort(uncertain[:n_uncertain.value]), n_accepted)
         return None
-
-
-def _loader(auto, trans, final, scannable, pure_end, scratch):
-    """The callback walk.c calls for a position's tables (it holds no reference to the Walker)."""
-    def load(pos: int) -> int:
-        try:
-            trans[pos] = auto.trans[pos]
-            final[pos], scannable[pos], pure_end[pos] = auto.final[pos], auto.scannable[pos], auto.pure_end[pos]
-            calls = auto.calls[pos]
-            for k, (callee, ret) in enumerate(calls):
-                scratch[2 * k], scratch[2 * k + 1] = callee, ret
-            return len(calls)
-        except BaseException:  # noqa: BLE001 - C cannot take a Python exception: it gives up on this walk
-            return -1
-    return load
 
 
 def _store(vocab: VocabMatrix, bits: np.ndarray, listed: np.ndarray, uncertain: np.ndarray,

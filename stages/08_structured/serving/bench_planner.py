@@ -18,9 +18,12 @@ def distance_by_fixed_point(auto) -> list[float]:
     """The oracle: the fixed point by a worklist (Bellman-Ford): a position is evaluated again
     whenever one of its successors got shorter, until nothing shrinks."""
     inf, n = float("inf"), auto.num_positions
+    targets: list[set[int]] = [set() for _ in range(n)]
+    for p, t in auto.edges[:, [0, 3]].tolist():
+        targets[p].add(t)
     preds: list[set[int]] = [set() for _ in range(n)]
     for p in range(n):
-        for t in auto.targets[p]:
+        for t in targets[p]:
             preds[t].add(p)
         for callee, ret in auto.calls[p]:
             preds[callee].add(p)
@@ -29,7 +32,7 @@ def distance_by_fixed_point(auto) -> list[float]:
     todo = deque(p for p in range(n) if auto.final[p])
     while todo:
         for p in preds[todo.popleft()]:
-            best = min([dist[p]] + [1 + dist[t] for t in auto.targets[p]] +
+            best = min([dist[p]] + [1 + dist[t] for t in targets[p]] +
                        [dist[c] + dist[r] for c, r in auto.calls[p]])
             if best < dist[p]:
                 dist[p] = best

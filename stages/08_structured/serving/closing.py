@@ -61,12 +61,12 @@ def min_accept_distance(auto: Automaton) -> list[float]:
     """dist[pos]: the fewest bytes from position `pos` to the end of its rule (INF: never).
     Knuth's order: the nearest unsettled position is settled next; a byte edge offers its source
     1 + dist as soon as its target is settled, a call edge dist[callee] + dist[ret] once both are."""
-    n, targets = auto.num_positions, auto.targets
+    n = auto.num_positions
     byte_preds: list[list[int]] = [[] for _ in range(n)]
     call_preds: list[list[tuple[int, int]]] = [[] for _ in range(n)]   # (position calling, the other input)
+    for pair in np.unique(auto.edges[:, 0] * n + auto.edges[:, 3]).tolist():   # each (from, to) once
+        byte_preds[pair % n].append(pair // n)
     for pos in range(n):
-        for t in targets[pos]:
-            byte_preds[t].append(pos)
         for callee, ret in auto.calls[pos]:
             call_preds[callee].append((pos, ret))
             call_preds[ret].append((pos, callee))
