@@ -102,6 +102,8 @@ class GrammarCache:
         # mask at compile time; made lazily, masks are few, and merging would be a third of the compile.
         compiled = compile_grammar(grammar, self.tokenizer_info(), precompute=self.precompute, minimize=self.precompute,
                                    budget=budget, classify=self.classify, build_rule=self.build_rule)
+        if hasattr(self.classify, "walker"):  # the C walk's tables too, here on the compile's thread
+            self.classify.walker(compiled.pda)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > self.capacity:

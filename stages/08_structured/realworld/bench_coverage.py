@@ -11,9 +11,12 @@ schema, side by side with xgrammar and llguidance (PyPI; C++ and Rust):
     best-effort   ours compiles it in best-effort mode, with how many warnings
     xgrammar      compile_json_schema (strict_mode, compact separators) compiles it
     llguidance    an LLMatcher for it (lenient: keywords it lacks are ignored, as best-effort does)
-    compile time  ours as the server compiles: schema -> grammar -> automaton, each position's
-                  mask made when a request first reaches it (`precompute=False`); xgrammar's
-                  compiler (cache off); llguidance's matcher creation. Same tokenizer.
+    compile time  ours as the server compiles: schema -> grammar -> automaton and the C walk's
+                  tables, each position's mask made when a request first reaches it
+                  (`precompute=False`), small rules' automata kept from earlier schemas
+                  (serving/rule_cache.py: a schema's own rules are built, never cached whole);
+                  xgrammar's compiler (its cache of whole grammars off); llguidance's matcher
+                  creation. Same tokenizer; the process's start-up heap frozen, as the server's is.
     mask time     per token, along one short random valid path drawn from our best-effort
                   grammar, for the first request of the schema (ours makes its masks on the
                   way, as the server does: the walk in C, native/; "ours, lesson walk" makes
@@ -124,6 +127,8 @@ def _ours(schema, mode: str, info, timeout_s: float, compile_masks: bool, limits
         if compile_masks:
             compiled = compile_grammar(grammar, info, precompute=False, minimize=False, budget=budget,
                                        classify=served_classify(), build_rule=cached_build_rule)
+            if hasattr(compiled.classify, "walker"):  # as final/'s grammar cache does
+                compiled.classify.walker(compiled.pda)
     except LimitExceeded as e:
         return "refused (budget)", f"{e.limit}: {_short(e)}", grammar, None, time.perf_counter() - t0
     except GrammarError as e:
@@ -180,6 +185,8 @@ def _mask_times(compiled, x_compiled, l_matcher, vocab_size: int, seed: str, max
     # this request is the schema's first: no mask made yet, no move of the automaton taken
     fresh = lambda **kw: dataclasses.replace(compiled, pda=PDA(compiled.automaton), masks={}, **kw)  # noqa: E731
     m, lesson = GrammarMatcher(fresh()), GrammarMatcher(fresh(classify=classify_position))
+    if hasattr(compiled.classify, "walker"):  # the server makes the C walk's tables with the compile
+        compiled.classify.walker(m.pda)
     xm = xgr.GrammarMatcher(x_compiled) if x_compiled is not None else None
     lm = l_matcher
     bitmask, x_bitmask = allocate_token_bitmask(1, vocab_size), xgr.allocate_token_bitmask(1, vocab_size)
