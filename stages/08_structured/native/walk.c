@@ -18,6 +18,19 @@
 #define UNKNOWN (-2)
 #define DEAD 0
 
+/* What a chain (see chain() below) accepts without a walk, kept per walker: a string's
+   characters are the same chain at every position of every string of the grammar, and
+   testing 49,152 tokens against it is most of such a position's walk. */
+typedef struct {
+    uint64_t inside[4];
+    int64_t depth;
+    uint32_t *words;               /* the tokens it accepts (NULL: too few to be worth keeping) */
+    int64_t count;
+    int32_t *rest, *rest_lcp;      /* the other tokens, in order, each with its shared prefix */
+    int64_t n_rest;                /* with the one of them before it */
+} ChainTokens;
+#define MAX_CHAINS 16
+
 typedef struct {
     /* the automaton, borrowed */
     const int32_t *trans;      /* [n_pos * 256], -1 = no edge */
@@ -37,6 +50,8 @@ typedef struct {
     /* scratch */
     int32_t *todo, *out; int64_t cap_todo, cap_out;
     int64_t max_states, max_nodes;
+    ChainTokens chains[MAX_CHAINS];   /* the tokens a chain accepts at once, by (inside, depth) */
+    int n_chains, next_chain;
 } Walker;
 
 static int grow(void **p, int64_t *cap, int64_t need, size_t size) {
@@ -238,6 +253,9 @@ void walker_free(Walker *w) {
     free(w->node_pos); free(w->node_parent); free(w->stamp); free(w->node_keys); free(w->node_vals);
     free(w->members); free(w->state_off); free(w->has_unknown); free(w->moves); free(w->state_table);
     free(w->todo); free(w->out);
+    for (int k = 0; k < w->n_chains; k++) {
+        free(w->chains[k].words); free(w->chains[k].rest); free(w->chains[k].rest_lcp);
+    }
     free(w);
 }
 
@@ -257,6 +275,12 @@ Walker *walker_new(const int32_t *trans, const uint8_t *final, const uint8_t *sc
 }
 
 int64_t walker_num_states(const Walker *w) { return w->n_states; }
+
+int64_t walker_kept_chains(const Walker *w) {   /* loops whose tokens are kept (for the tests) */
+    int64_t n = 0;
+    for (int k = 0; k < w->n_chains; k++) n += w->chains[k].words != NULL;
+    return n;
+}
 
 /* For each node of the token trie, where its subtree ends in the sorted order. Token i begins
    the nodes of depths lcp[i] .. len-1 (the deeper ones are new with it); node (i, d) is stored at
@@ -318,17 +342,95 @@ static int64_t chain(Walker *w, int32_t pos, int64_t max_len, uint64_t inside[4]
     return depth;
 }
 
+static int fits_chain(const uint64_t *set, int64_t len, const uint64_t inside[4], int64_t depth) {
+    return depth && len <= depth &&
+           !((set[0] & ~inside[0]) | (set[1] & ~inside[1]) | (set[2] & ~inside[2]) | (set[3] & ~inside[3]));
+}
+
+/* The chain's tokens, made once per (inside, depth) and kept: those that fit it as words, and the
+   rest in order, each with the prefix it shares with the one of them before it (the smallest
+   lcp since). Only for loops of many bytes (a string's characters: most of the vocabulary fits
+   them; a chain at least as deep as the longest token is one too), and kept only where more
+   than max_listed fit (else words stays NULL and the walk tests each token as it goes). A
+   bounded string's chains differ in depth from one character to the next: each is walked as it
+   comes. The oldest is dropped when MAX_CHAINS are kept. NULL: not worth it, or no memory. */
+static ChainTokens *chain_tokens(Walker *w, const uint64_t inside[4], int64_t depth, int64_t n_tokens,
+                                 const int64_t *offsets, const int32_t *lcp, const int32_t *ids,
+                                 const uint64_t *bytesets, int64_t max_len, int64_t n_words, int64_t max_listed) {
+    int bytes_inside = 0;
+    for (int k = 0; k < 4; k++) bytes_inside += __builtin_popcountll(inside[k]);
+    if (bytes_inside < 64 || depth < max_len) return NULL;
+    depth = max_len;
+    for (int k = 0; k < w->n_chains; k++) {
+        ChainTokens *c = &w->chains[k];
+        if (c->depth == depth && !memcmp(c->inside, inside, sizeof(c->inside))) return c;
+    }
+    ChainTokens *c = &w->chains[w->next_chain];
+    w->next_chain = (w->next_chain + 1) % MAX_CHAINS;
+    if (w->n_chains < MAX_CHAINS) w->n_chains++;
+    else { free(c->words); free(c->rest); free(c->rest_lcp); }
+    memset(c, 0, sizeof(*c));
+    memcpy(c->inside, inside, sizeof(c->inside));
+    c->depth = depth;
+    int64_t count = 0;
+    for (int64_t i = 0; i < n_tokens; i++) count += fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, depth);
+    if (count > max_listed) {
+        c->words = calloc((size_t)n_words, sizeof(uint32_t));
+        c->rest = malloc((size_t)(n_tokens - count + 1) * sizeof(int32_t));
+        c->rest_lcp = malloc((size_t)(n_tokens - count + 1) * sizeof(int32_t));
+        if (!c->words || !c->rest || !c->rest_lcp) {
+            free(c->words); free(c->rest); free(c->rest_lcp);
+            memset(c, 0, sizeof(*c));   /* an entry no key matches (depth 0 is never looked up) */
+            return NULL;
+        }
+        int32_t shared = INT32_MAX;
+        for (int64_t i = 0; i < n_tokens; i++) {
+            if (lcp[i] < shared) shared = lcp[i];
+            if (fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, depth)) {
+                c->words[ids[i] >> 5] |= 1u << (ids[i] & 31);
+            } else {
+                c->rest[c->n_rest] = (int32_t)i;
+                c->rest_lcp[c->n_rest++] = shared;
+                shared = INT32_MAX;
+            }
+        }
+        c->count = count;
+    }
+    return c;
+}
+
+/* Steps token b[0 .. len) from st[j] (st[0] = start); st[k + 1] is the state after its k + 1
+   first bytes. Returns the byte it died at, len if it lived, or -2 past the limits. */
+static int64_t walk_token(Walker *w, int32_t *st, int32_t start, const uint8_t *b, int64_t len, int64_t j) {
+    if (j == 0) {
+        int32_t next = step(w, start, b[0]);
+        if (next < 0) return -2;
+        if (next == DEAD) return 0;
+        st[1] = next;
+        j = 1;
+    }
+    int32_t s = st[j];
+    for (; j < len; j++) {
+        int32_t next = w->moves[(int64_t)s * 256 + b[j]];   /* memoised: one load */
+        if (next < 0 && (next = step(w, s, b[j])) < 0) return -2;
+        if (next == DEAD) return j;
+        st[j + 1] = s = next;
+    }
+    return len;
+}
+
 /* The tokens' verdicts from a stack holding only `pos` over an unknown bottom: accepted ones
    get their bit in accepted_bits (the caller zeroes it; bit j of word w is token 32w + j) and,
    the first max_listed of them, a place in accepted_ids; uncertain ones (they returned into the unknown
    caller before dying) are listed; the rest are rejected. A token that dies at byte d rejects
    (or makes uncertain) its whole trie subtree at once; one that fits pos's chain is accepted
-   at once. Returns the number accepted, or -1 past the limits (the walker keeps what it made;
-   the caller may free it and start afresh). */
+   at once (a kept chain's tokens all at once: only the rest are looked at). Returns the number
+   accepted, or -1 past the limits (the walker keeps what it made; the caller may free it and
+   start afresh). */
 int64_t walker_classify(Walker *w, int32_t pos, int64_t n_tokens, const uint8_t *bytes, const int64_t *offsets,
                         const int32_t *lcp, const int64_t *node_off, const int64_t *node_end, const int32_t *ids,
-                        const uint64_t *bytesets, int64_t max_len, uint32_t *accepted_bits, int32_t *accepted_ids, int64_t max_listed,
-                        int32_t *uncertain, int64_t *n_uncertain) {
+                        const uint64_t *bytesets, int64_t max_len, int64_t n_words, uint32_t *accepted_bits,
+                        int32_t *accepted_ids, int64_t max_listed, int32_t *uncertain, int64_t *n_uncertain) {
     int32_t *st = malloc((size_t)(max_len + 1) * sizeof(int32_t));
     int64_t n_accepted = 0, n_unc = 0;
     if (!st) { n_accepted = -1; goto done; }
@@ -341,11 +443,37 @@ int64_t walker_classify(Walker *w, int32_t pos, int64_t n_tokens, const uint8_t 
     int64_t depth = chain(w, pos, max_len, inside);
     st[0] = start;
     int64_t reach = 0;   /* st[0 .. reach] hold the states along the current token's first bytes */
+    ChainTokens *kept = depth ? chain_tokens(w, inside, depth, n_tokens, offsets, lcp, ids, bytesets, max_len,
+                                             n_words, max_listed) : NULL;
+    if (kept && kept->words) {
+        for (int64_t k = 0; k < n_words; k++) accepted_bits[k] |= kept->words[k];
+        n_accepted = kept->count;   /* past max_listed: the ids are not listed */
+        int64_t c = 0;
+        while (c < kept->n_rest) {
+            int64_t i = kept->rest[c], len = offsets[i + 1] - offsets[i], shared = kept->rest_lcp[c];
+            int64_t dead_at = walk_token(w, st, start, bytes + offsets[i], len, shared < reach ? shared : reach);
+            if (dead_at == -2) { n_accepted = -1; goto done; }
+            if (dead_at == len) {
+                accepted_bits[ids[i] >> 5] |= 1u << (ids[i] & 31);
+                n_accepted++;
+                reach = len;
+                c++;
+                continue;
+            }
+            uint8_t touched = 0;
+            for (int64_t k = 1; k <= dead_at; k++) touched |= w->has_unknown[st[k]];
+            do {   /* the rest that share the byte it died at die there too */
+                if (touched) uncertain[n_unc++] = ids[kept->rest[c]];
+                c++;
+            } while (c < kept->n_rest && kept->rest_lcp[c] > dead_at);
+            reach = dead_at;
+        }
+        goto done;
+    }
     int64_t i = 0;
     while (i < n_tokens) {
-        const uint64_t *set = bytesets + 4 * i;
-        if (depth && offsets[i + 1] - offsets[i] <= depth &&
-            !((set[0] & ~inside[0]) | (set[1] & ~inside[1]) | (set[2] & ~inside[2]) | (set[3] & ~inside[3]))) {
+        int64_t len = offsets[i + 1] - offsets[i];
+        if (fits_chain(bytesets + 4 * i, len, inside, depth)) {
             accepted_bits[ids[i] >> 5] |= 1u << (ids[i] & 31);
             if (n_accepted < max_listed) accepted_ids[n_accepted] = ids[i];
             n_accepted++;
@@ -353,23 +481,9 @@ int64_t walker_classify(Walker *w, int32_t pos, int64_t n_tokens, const uint8_t 
             i++;
             continue;
         }
-        const uint8_t *b = bytes + offsets[i];
-        int64_t len = offsets[i + 1] - offsets[i], j = lcp[i] < reach ? lcp[i] : reach, dead_at = -1;
-        if (j == 0) {
-            int32_t next = step(w, start, b[0]);
-            if (next < 0) { n_accepted = -1; goto done; }
-            if (next == DEAD) dead_at = 0; else { st[1] = next; j = 1; }
-        }
-        if (dead_at < 0) {
-            int32_t s = st[j];
-            for (; j < len; j++) {
-                int32_t next = w->moves[(int64_t)s * 256 + b[j]];   /* memoised: one load */
-                if (next < 0 && (next = step(w, s, b[j])) < 0) { n_accepted = -1; goto done; }
-                if (next == DEAD) { dead_at = j; break; }
-                st[j + 1] = s = next;
-            }
-        }
-        if (dead_at < 0) {
+        int64_t dead_at = walk_token(w, st, start, bytes + offsets[i], len, lcp[i] < reach ? lcp[i] : reach);
+        if (dead_at == -2) { n_accepted = -1; goto done; }
+        if (dead_at == len) {
             accepted_bits[ids[i] >> 5] |= 1u << (ids[i] & 31);
             if (n_accepted < max_listed) accepted_ids[n_accepted] = ids[i];
             n_accepted++;

@@ -46,7 +46,9 @@ def _library():
     lib.walker_free.restype = None
     lib.walker_num_states.argtypes = [ptr]
     lib.walker_num_states.restype = i64
-    lib.walker_classify.argtypes = [ptr, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
+    lib.walker_kept_chains.argtypes = [ptr]
+    lib.walker_kept_chains.restype = i64
+    lib.walker_classify.argtypes = [ptr, i32, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr]
     lib.walker_classify.restype = i64
     lib.trie_ends.argtypes = [i64, ptr, ptr, ptr, i64, ptr]
     lib.trie_ends.restype = None
@@ -141,6 +143,12 @@ class Walker:
     def num_states(self) -> int:
         return _library().walker_num_states(self._handle)
 
+    @property
+    def kept_chains(self) -> int:
+        """Loops (a string's characters) whose tokens walk.c keeps, accepted at once at every
+        position of this grammar that loops on the same bytes."""
+        return _library().walker_kept_chains(self._handle)
+
     def classify(self, pos: int, vocab: VocabMatrix) -> PositionMask | None:
         """The position's mask, as store_verdicts keeps it; None if this position alone passes
         the walker's limits."""
@@ -154,7 +162,7 @@ class Walker:
                     self._open()   # past its limits: forget the memo, try once more from nothing
                 bits = np.zeros(words, dtype=np.uint32)
                 n_accepted = _library().walker_classify(
-                    self._handle, pos, *sv.arguments, bits.ctypes.data, accepted_ids.ctypes.data, listed,
+                    self._handle, pos, *sv.arguments, words, bits.ctypes.data, accepted_ids.ctypes.data, listed,
                     uncertain.ctypes.data, ctypes.byref(n_uncertain))
                 if n_accepted >= 0:
                     return _store(vocab, bits, accepted_ids[:min(n_accepted, listed)],

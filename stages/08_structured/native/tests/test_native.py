@@ -50,6 +50,17 @@ def test_native_masks_equal_the_lesson_walk_on_the_real_vocabulary(name, smollm2
     assert assert_every_position_equal(compiled, NativeClassifier()) > 0
 
 
+def test_a_strings_characters_are_kept_once_and_give_the_same_masks(smollm2_info):
+    """Free strings loop on the same bytes at every position of every string: walk.c keeps the
+    tokens that loop once, accepts them at once everywhere, and walks only the rest."""
+    schema = {"type": "object", "properties": {k: {"type": "string"} for k in ("name", "city", "note")},
+              "required": ["name", "city", "note"]}
+    compiled = compile_grammar(json_schema_to_grammar(schema), smollm2_info, precompute=False, minimize=False)
+    classify = NativeClassifier()
+    assert assert_every_position_equal(compiled, classify) > 0
+    assert classify.walker(compiled.pda).kept_chains == 1
+
+
 def realworld_schemas():
     from course.s08_structured.realworld.jsonschemabench.sample import load
 
@@ -59,7 +70,7 @@ def realworld_schemas():
 
 
 def test_native_masks_equal_the_lesson_walk_on_real_world_schemas():
-    checked, classify = 0, NativeClassifier()
+    checked, kept, classify = 0, 0, NativeClassifier()
     for name, schema in realworld_schemas():
         try:
             grammar = json_schema_to_grammar(schema, mode=BEST_EFFORT)
@@ -67,7 +78,8 @@ def test_native_masks_equal_the_lesson_walk_on_real_world_schemas():
         except ValueError:   # refused by the default budget (named in bench_coverage's table)
             continue
         checked += assert_every_position_equal(compiled, classify)
-    assert checked > 1000
+        kept += classify.walker(compiled.pda).kept_chains
+    assert checked > 1000 and kept > 10   # string loops' tokens kept, accepted at once: the same masks
 
 
 def test_native_masks_past_the_walkers_limits_start_afresh_or_fall_back():
