@@ -58,7 +58,7 @@ def plug_in_json_schema(app, server) -> None:
     when the tokens left in max_tokens are about what the shortest way to close it needs, only
     tokens that still let it close are allowed (a valid document; "length" if it was closed early).
     A position's mask is made by stage 08's walk in C where a compiler is found (native/: a new
-    schema's slowest masks come 14x sooner: stage 08's results/bench_coverage.json), and the small
+    schema's slowest masks come 12x sooner: stage 08's results/bench_coverage.json), and the small
     rules every schema has (`string_max64`, `number`, ...) are built once (serving/rule_cache.py)."""
     server.grammars.schema_grammar = schema_grammar
     server.grammars.narrow = CloseOnBudget()

@@ -67,6 +67,12 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
     order = [first]
     byte_edges, call_edges, final = [], [], []     # (state, lo, hi, target); per state: (rule, target); bool
     for members in order:                          # `order` grows as new subsets appear
+        if len(members) == 1 and len(nfa.bytes[m := next(iter(members))]) == 1 and not nfa.calls[m]:
+            lo, hi, t = nfa.bytes[m][0]                # most states: one NFA state, one byte range
+            byte_edges.append((len(final), lo, hi, _subset_id(closure((t,)), ids, order)))
+            call_edges.append([])
+            final.append(m == accept)
+            continue
         # Byte edges: each range's targets (overlapping ranges are cut at every boundary first).
         edges = sorted(e for m in members for e in nfa.bytes[m])
         if all(x[1] < y[0] for x, y in zip(edges, edges[1:])):

@@ -3,7 +3,7 @@ stage 01's CLI contract, with every output kept inside the grammar. The grammar 
 before the model loads, so a malformed one fails at once (exit 2, message on stderr).
 `--json` adds `stats`: the compile time and the median / p99 mask time per token, and
 `warnings`: what `--mode best-effort` (the default) did not enforce, also printed on stderr.
-The rooms plug in here: the front ends register their grammar sources (sources.py) when
+The rooms plug in here: the front ends register their grammar sources (frontends/sources.py) when
 imported, and `--close-on-budget` gives the processor serving/'s CloseOnBudget as `narrow`."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .generate import ConstrainedGenerator
 from .grammar import GrammarError
 from .matcher import compile_grammar
 from .serving.closing import CloseOnBudget
-from .sources import add_source_args, grammar_from_args
+from .frontends.sources import add_source_args, grammar_from_args
 from .vocab import TokenizerInfo
 
 

@@ -40,12 +40,23 @@ class CompiledGrammar:
     masks: dict[int, PositionMask] = field(default_factory=dict)
     compile_seconds: float = 0.0
     classify: Callable = classify_position   # (pda, pos, vocab, budget) -> PositionMask
+    words: dict[int, np.ndarray] = field(default_factory=dict)   # a position's accepted set, packed
 
     def position_mask(self, pos: int) -> PositionMask:
         m = self.masks.get(pos)
         if m is None:
             m = self.masks[pos] = self.classify(self.pda, pos, self.vocab)
         return m
+
+    def position_words(self, pos: int) -> np.ndarray:
+        """The position's accepted tokens as bitmask words (uint32), made once: a mask is then an OR."""
+        w = self.words.get(pos)
+        if w is None:
+            entry, mask = self.position_mask(pos), np.zeros(self.info.vocab_size, dtype=bool)
+            if entry.words is None:
+                entry.add_to(mask)
+            w = self.words[pos] = entry.words if entry.words is not None else pack_mask(mask).view(np.uint32)
+        return w
 
 
 def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True, inline: bool = True, *,
@@ -95,45 +106,51 @@ class GrammarMatcher:
     # -- masks
     def next_token_mask(self) -> np.ndarray:
         """bool [vocab]: the tokens that keep the output a prefix of the grammar's language."""
-        mask, candidates = self.cached_part()
-        self.check_uncertain(mask, candidates)
-        return mask
+        words = self.next_token_words()
+        return np.unpackbits(words.view(np.uint8), count=self.compiled.info.vocab_size, bitorder="little").view(bool)
+
+    def next_token_words(self) -> np.ndarray:
+        """The same set as bitmask words (uint32 [words]: bit j of word w is token 32w + j)."""
+        words, candidates = self.cached_part()
+        self.check_uncertain(words, candidates)
+        return words
 
     def cached_part(self) -> tuple[np.ndarray, np.ndarray]:
-        """Step 1: the union of the precomputed accepted sets of every stack top alive now,
-        the stop tokens if the grammar may end here, and the uncertain tokens still to check."""
+        """Step 1: the union (an OR of packed words) of the precomputed accepted sets of every stack
+        top alive now, the stop tokens if the grammar may end here, and the uncertain tokens still
+        to check."""
         c, pda = self.compiled, self.pda
-        mask = np.zeros(c.info.vocab_size, dtype=bool)
+        words = np.zeros(bitmask_words(c.info.vocab_size), dtype=np.uint32)
         if self._terminated:
-            return mask, np.zeros(0, dtype=np.int32)
-        members = pda.states[self.state]
+            return words, np.zeros(0, dtype=np.int32)
         uncertain = []
         for pos in self.stack_tops():
-            entry = c.position_mask(pos)
-            entry.add_to(mask)
-            if entry.uncertain.size:
-                uncertain.append(entry.uncertain)
-        if END in members:
-            mask[list(c.info.stop_ids)] = True
+            words |= c.position_words(pos)
+            if c.position_mask(pos).uncertain.size:
+                uncertain.append(c.position_mask(pos).uncertain)
+        if END in pda.states[self.state]:
+            for t in c.info.stop_ids:
+                words[t >> 5] |= np.uint32(1 << (t & 31))
         if not uncertain:
-            return mask, np.zeros(0, dtype=np.int32)
+            return words, np.zeros(0, dtype=np.int32)
         candidates = np.unique(np.concatenate(uncertain))
-        return mask, candidates[~mask[candidates]]
+        return words, candidates[((words[candidates >> 5] >> (candidates & 31)) & 1) == 0]   # not in yet
 
     def stack_tops(self) -> set[int]:
         """The positions on top of the stacks alive now (each has a cached mask)."""
         return {self.pda.nodes[n][0] for n in self.pda.states[self.state] if n >= 0}
 
-    def check_uncertain(self, mask: np.ndarray, candidates: np.ndarray) -> None:
+    def check_uncertain(self, words: np.ndarray, candidates: np.ndarray) -> None:
         """Step 2: walk each uncertain token from the real state (all its stacks at once)."""
         token_bytes, walk, state = self.compiled.info.token_bytes, self.pda.walk, self.state
         for t in candidates.tolist():
             if walk(state, token_bytes[t]) != DEAD:
-                mask[t] = True
+                words[t >> 5] |= np.uint32(1 << (t & 31))
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> torch.Tensor:
         """Write the mask into row `index` of an int32 bitmask from allocate_token_bitmask()."""
-        packed = pack_mask(self.next_token_mask(), bitmask.shape[-1])
+        packed = np.zeros(bitmask.shape[-1], dtype=np.int32)
+        packed[:bitmask_words(self.compiled.info.vocab_size)] = self.next_token_words().view(np.int32)
         if bitmask.device.type == "cpu":
             bitmask[index].numpy()[:] = packed      # write in place, no tensor round trip
         else:

@@ -1,13 +1,13 @@
 """Text front ends: EBNF grammars (ebnf.py, which also prints any grammar in EBNF) and regular
 expressions (regex_parser.py) -> Grammar, registered as the grammar sources `--grammar FILE`
-and `--regex R` (the stage's sources.py). (Absolute imports: pytest imports this file on its
-own when it collects the tests below it.)"""
+and `--regex R` in sources.py, the registry the CLI reads. (Absolute imports: pytest imports
+this file on its own when it collects the tests below it.)"""
 from pathlib import Path
 
 from course.s08_structured.frontends.ebnf import parse_ebnf, to_ebnf
 from course.s08_structured.frontends.regex_parser import regex_to_grammar
 from course.s08_structured.grammar import Grammar
-from course.s08_structured.sources import SourceKind, read_text, register_source
+from course.s08_structured.frontends.sources import SourceKind, read_text, register_source
 
 __all__ = ["grammar_from_ebnf_file", "parse_ebnf", "regex_to_grammar", "to_ebnf"]
 

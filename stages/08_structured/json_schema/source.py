@@ -1,4 +1,4 @@
-"""The JSON Schema front end as a grammar source (the stage's sources.py): `--json-schema FILE`
+"""The JSON Schema front end as a grammar source (frontends/sources.py): `--json-schema FILE`
 (or the schema itself as JSON text) and the options that say how to read it."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..grammar import Grammar, GrammarError
-from ..sources import SourceKind, read_text, register_source
+from ..frontends.sources import SourceKind, read_text, register_source
 from .convert import json_schema_to_grammar
 from .defaults import DefaultBounds
 from .modes import BEST_EFFORT, MODES, STRICT

@@ -185,7 +185,7 @@ def _store(vocab: VocabMatrix, bits: np.ndarray, listed: np.ndarray, uncertain: 
         allowed = np.unpackbits(bits.view(np.uint8), count=vocab.vocab_size, bitorder="little").view(bool)
         allowed[uncertain] = True
         data = np.flatnonzero(~allowed).astype(np.int32)
-    return PositionMask(kind, data, uncertain, n_accepted, len(vocab) - n_accepted - n_uncertain)
+    return PositionMask(kind, data, uncertain, n_accepted, len(vocab) - n_accepted - n_uncertain, words=bits)
 
 
 class NativeClassifier:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from .grammar import Grammar, GrammarError
+from ..grammar import Grammar, GrammarError
 
 
 @dataclass(frozen=True)
