@@ -11,7 +11,7 @@ from functools import partial
 
 from course.s01_decode_loop.weights import ModelLoadError, load_model
 from course.s02_kv_cache.kv_size import human
-from course.s03_paged.layer_groups import group_blocks, layer_groups, window_group_blocks
+from course.s03_paged.layer_groups import group_blocks, layer_groups
 from course.s03_paged.quantized_kv import KV_CACHE_DTYPES, pool_bytes_per_token, storage_dtype
 from course.s04_continuous_batching.hybrid.states import linear_layers, state_bytes
 from course.s06_kernels_graphs.engine import KernelEngineConfig, LLMEngine
@@ -29,7 +29,7 @@ from .launch.kernel_defaults import pick_device, pick_dtype
 from .launch.kernel_options import add_kernel_args, graph_options, kernel_options, warm_up
 from .launch.sizing import cpu_kv_bytes, step_sizes
 from .launch.heap import freeze_startup_heap
-from .launch.kv_pool import describe_windows, hybrid_memory, num_kv_blocks, parse_size, sliding_group_bytes
+from .launch.kv_pool import describe_windows, grouped_kv_blocks, hybrid_memory, parse_size
 from .launch.model_fit import engine_class, fit_options
 from .scheduling.policies import POLICIES, scheduling_policy
 from .speculation.policy import CostModelPolicy
@@ -133,14 +133,8 @@ def build_server(args: argparse.Namespace, memory_info=None, tp=None):
             print(f"kernels: {note}", file=sys.stderr)
         # sliding layers beside full ones: a pool per layer group (stage 03), unless graphs share one table
         groups = [] if fitted.get("cuda_graphs") else layer_groups(loaded.model.config.layer_windows)
-        sizing = (args, pool_memory, loaded.model.config, dtype, device, memory_info, LLMEngine.reserved_blocks, kv_dtype)
-        blocks = num_kv_blocks(*sizing)  # every layer's K/V in a block
-        windows_need = max((window_group_blocks(w, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
-                            for w, _ in groups[1:]), default=0)
-        if groups and blocks > windows_need:  # the sliding groups take what their windows need, the full layers the rest
-            beside = sliding_group_bytes(loaded.model.config, groups, args.block_size, args.max_num_seqs,
-                                         args.max_num_batched_tokens, kv_dtype)
-            blocks = num_kv_blocks(*sizing, len(groups[0][1]), beside)
+        blocks = grouped_kv_blocks(args, pool_memory, loaded.model.config, dtype, groups, device=device,
+                                   memory_info=memory_info, reserved_blocks=LLMEngine.reserved_blocks, kv_dtype=kv_dtype)
         per_token = pool_bytes_per_token(loaded.model.config, kv_dtype)
         print(f"KV cache: {blocks} blocks of {args.block_size} tokens ({blocks * args.block_size} tokens"
               + (f"; {human(kv_memory)}: {kv_source}" if kv_memory is not None else "")

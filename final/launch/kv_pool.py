@@ -124,6 +124,21 @@ def sliding_group_bytes(model_config, groups: list, block_size: int, max_num_seq
                * block_size * per_layer_token * len(layers) for w, layers in groups[1:])
 
 
+def grouped_kv_blocks(args, kv_memory: int | None, model_config, dtype: torch.dtype, groups: list, **sizing) -> int:
+    """num_kv_blocks for a pool of layer groups (stage 03's layer_groups.py; [] for one table): the
+    sliding groups take what their windows need first (sliding_group_bytes) and the full-attention
+    layers' blocks the rest, each costing only those layers; where the windows would need more
+    than one pool for every layer holds, that one count serves all groups."""
+    blocks = num_kv_blocks(args, kv_memory, model_config, dtype, **sizing)
+    need = max((window_group_blocks(w, args.block_size, args.max_num_seqs, args.max_num_batched_tokens)
+                for w, _ in groups[1:]), default=0)
+    if groups and blocks > need:
+        beside = sliding_group_bytes(model_config, groups, args.block_size, args.max_num_seqs,
+                                     args.max_num_batched_tokens, sizing.get("kv_dtype") or dtype)
+        blocks = num_kv_blocks(args, kv_memory, model_config, dtype, **sizing, layers=len(groups[0][1]), beside=beside)
+    return blocks
+
+
 MAX_STATE_SNAPSHOTS = 512  # a hybrid model's state snapshots kept for prefix hits, at most...
 SNAPSHOT_SHARE = 0.25      # ...and within this share of --kv-memory
 
