@@ -72,7 +72,7 @@ class PositionMask:
     uncertain: np.ndarray     # int32 ids to check at run time
     num_accepted: int
     num_rejected: int
-    words: np.ndarray | None = None   # the accepted set as bitmask words, where the walk made them
+    words: np.ndarray | None = None   # the accepted set as bitmask words (matcher.py fills it once)
 
     @property
     def nbytes(self) -> int:

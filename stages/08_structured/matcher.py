@@ -40,7 +40,6 @@ class CompiledGrammar:
     masks: dict[int, PositionMask] = field(default_factory=dict)
     compile_seconds: float = 0.0
     classify: Callable = classify_position   # (pda, pos, vocab, budget) -> PositionMask
-    words: dict[int, np.ndarray] = field(default_factory=dict)   # a position's accepted set, packed
 
     def position_mask(self, pos: int) -> PositionMask:
         m = self.masks.get(pos)
@@ -50,13 +49,12 @@ class CompiledGrammar:
 
     def position_words(self, pos: int) -> np.ndarray:
         """The position's accepted tokens as bitmask words (uint32), made once: a mask is then an OR."""
-        w = self.words.get(pos)
-        if w is None:
-            entry, mask = self.position_mask(pos), np.zeros(self.info.vocab_size, dtype=bool)
-            if entry.words is None:
-                entry.add_to(mask)
-            w = self.words[pos] = entry.words if entry.words is not None else pack_mask(mask).view(np.uint32)
-        return w
+        entry = self.position_mask(pos)
+        if entry.words is None:   # (the C walk makes them; the lesson's walk stores ids: packed here)
+            mask = np.zeros(self.info.vocab_size, dtype=bool)
+            entry.add_to(mask)
+            entry.words = pack_mask(mask).view(np.uint32)
+        return entry.words
 
 
 def compile_grammar(grammar: Grammar, info: TokenizerInfo, precompute: bool = True, inline: bool = True, *,

@@ -184,7 +184,7 @@ def _mask_times(compiled, x_compiled, l_matcher, vocab_size: int, seed: str, max
 
     path = random_valid_path(GrammarMatcher(compiled), random.Random(seed), max_tokens, end_bias=0.2)
     # this request is the schema's first: no mask made yet, no move of the automaton taken
-    fresh = lambda **kw: dataclasses.replace(compiled, pda=PDA(compiled.automaton), masks={}, words={}, **kw)  # noqa: E731
+    fresh = lambda **kw: dataclasses.replace(compiled, pda=PDA(compiled.automaton), masks={}, **kw)  # noqa: E731
     m, lesson = GrammarMatcher(fresh()), GrammarMatcher(fresh(classify=classify_position))
     if hasattr(compiled.classify, "walker"):  # the server makes the C walk's tables with the compile
         compiled.classify.walker(m.pda)
