@@ -124,8 +124,8 @@ class GrammarCache:
                                    classify=self.classify)
         GrammarLogitsProcessor(compiled, max_new_tokens=1, narrow=self.narrow)([], torch.zeros(self.vocab_size))
         if self.schema_grammar is not None:  # and the rules most schemas share, kept by a caching build_rule
-            compile_grammar(self.schema_grammar(WARM_SCHEMA, False, CompileBudget()), self._info, precompute=False,
-                            minimize=False, build_rule=self.build_rule)
+            compile_grammar(self.schema_grammar(WARM_SCHEMA, False, CompileBudget()), self.tokenizer_info(),
+                            precompute=False, minimize=False, build_rule=self.build_rule)
 
     def cached(self, key: str | None) -> CompiledGrammar | None:
         with self._lock:

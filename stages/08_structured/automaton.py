@@ -71,37 +71,40 @@ def _determinize(nfa: _NFA, start: int, accept: int, room: int | None = None) ->
             lo, hi, t = nfa.bytes[m][0]                # most states: one NFA state, one byte range
             byte_edges.append((len(final), lo, hi, _subset_id(closure((t,)), ids, order)))
             call_edges.append([])
-            final.append(m == accept)
-            continue
-        # Byte edges: each range's targets (overlapping ranges are cut at every boundary first).
-        edges = sorted(e for m in members for e in nfa.bytes[m])
-        if all(x[1] < y[0] for x, y in zip(edges, edges[1:])):
-            pieces = [(lo, hi, (t,)) for lo, hi, t in edges]
-        else:
-            cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
-            pieces = [(a, b - 1, targets) for a, b in zip(cuts, cuts[1:])
-                      if (targets := [t for lo, hi, t in edges if lo <= a and b - 1 <= hi])]
-        out: list[tuple[int, int, int]] = []
-        for lo, hi, targets in pieces:
-            tid = _subset_id(closure(targets), ids, order)
-            if out and out[-1][2] == tid and out[-1][1] == lo - 1:
-                out[-1] = (out[-1][0], hi, tid)   # merge neighbouring pieces with one target
+        else:  # byte edges: each range's targets (overlapping ranges cut at every boundary first)
+            edges = sorted(e for m in members for e in nfa.bytes[m])
+            if all(x[1] < y[0] for x, y in zip(edges, edges[1:])):
+                pieces = [(lo, hi, (t,)) for lo, hi, t in edges]
             else:
-                out.append((lo, hi, tid))
-        byte_edges += [(len(final), lo, hi, t) for lo, hi, t in out]
-        calls: dict[str, list[int]] = {}
-        for m in members:
-            for rule, t in nfa.calls[m]:
-                calls.setdefault(rule, []).append(t)
-        call_edges.append([(rule, _subset_id(closure(ts), ids, order)) for rule, ts in calls.items()])
+                cuts = sorted({lo for lo, _, _ in edges} | {hi + 1 for _, hi, _ in edges})
+                pieces = [(a, b - 1, targets) for a, b in zip(cuts, cuts[1:])
+                          if (targets := [t for lo, hi, t in edges if lo <= a and b - 1 <= hi])]
+            out: list[tuple[int, int, int]] = []
+            for lo, hi, targets in pieces:
+                tid = _subset_id(closure(targets), ids, order)
+                if out and out[-1][2] == tid and out[-1][1] == lo - 1:
+                    out[-1] = (out[-1][0], hi, tid)   # merge neighbouring pieces with one target
+                else:
+                    out.append((lo, hi, tid))
+            byte_edges += [(len(final), lo, hi, t) for lo, hi, t in out]
+            calls: dict[str, list[int]] = {}
+            for m in members:
+                for rule, t in nfa.calls[m]:
+                    calls.setdefault(rule, []).append(t)
+            call_edges.append([(rule, _subset_id(closure(ts), ids, order)) for rule, ts in calls.items()])
         final.append(accept in members)
         if len(order) > MAX_DFA_STATES:
             raise GrammarError(f"rule {nfa.rule!r} needs over {MAX_DFA_STATES} automaton states; simplify it")
         if room is not None and len(order) > room:
-            raise LimitExceeded("max_build_states", budget.max_build_states, "the grammar's automaton grows "
-                                f"past {budget.max_build_states} states while rule {nfa.rule!r} is determinised")
+            raise past_room(budget, nfa.rule)
         budget.check()
     return _RuleDFA(np.array(byte_edges, dtype=np.int64).reshape(-1, 4), call_edges, final)
+
+
+def past_room(budget: CompileBudget, rule: str) -> LimitExceeded:
+    """The refusal of a rule whose automaton outgrows the states the budget has left for it."""
+    return LimitExceeded("max_build_states", budget.max_build_states, "the grammar's automaton grows "
+                         f"past {budget.max_build_states} states while rule {rule!r} is determinised")
 
 
 def build_rule(name: str, body: Expr, budget: CompileBudget, room: int | None = None) -> _RuleDFA:

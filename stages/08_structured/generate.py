@@ -25,7 +25,8 @@ from course.s01_decode_loop.model import CausalLM
 from course.s01_decode_loop.sequence import Sequence, TokenEvent
 from course.s02_kv_cache.generate import stream_cached
 
-from .matcher import CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask
+from .matcher import (CompiledGrammar, GrammarMatcher, allocate_token_bitmask, apply_token_bitmask, pack_mask,
+                      write_bitmask)
 
 # May cut the grammar's mask (bool [vocab], in place) further, given the request's matcher and
 # the tokens it has left; returns whether it did. E.g. serving/closing.py's CloseOnBudget.
@@ -87,7 +88,7 @@ class GrammarLogitsProcessor:
             narrowed = self.narrow(mask, m, self.max_new_tokens - len(self.tokens))
             self.narrowed_steps += narrowed
             self._unnarrowed = before if narrowed else None
-            self.bitmask[0].numpy()[:] = pack_mask(mask, self.bitmask.shape[-1])
+            write_bitmask(self.bitmask, 0, pack_mask(mask))
         else:
             m.fill_next_token_bitmask(self.bitmask)
         if self.timings is not None:

@@ -124,8 +124,8 @@ class GrammarMatcher:
         uncertain = []
         for pos in self.stack_tops():
             words |= c.position_words(pos)
-            if c.position_mask(pos).uncertain.size:
-                uncertain.append(c.position_mask(pos).uncertain)
+            if (entry := c.position_mask(pos)).uncertain.size:
+                uncertain.append(entry.uncertain)
         if END in pda.states[self.state]:
             for t in c.info.stop_ids:
                 words[t >> 5] |= np.uint32(1 << (t & 31))
@@ -147,12 +147,7 @@ class GrammarMatcher:
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, index: int = 0) -> torch.Tensor:
         """Write the mask into row `index` of an int32 bitmask from allocate_token_bitmask()."""
-        packed = np.zeros(bitmask.shape[-1], dtype=np.int32)
-        packed[:bitmask_words(self.compiled.info.vocab_size)] = self.next_token_words().view(np.int32)
-        if bitmask.device.type == "cpu":
-            bitmask[index].numpy()[:] = packed      # write in place, no tensor round trip
-        else:
-            bitmask[index] = torch.from_numpy(packed)
+        write_bitmask(bitmask, index, self.next_token_words())
         return bitmask
 
     # -- advancing and going back
@@ -210,6 +205,16 @@ def bitmask_words(vocab_size: int) -> int:
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
     return torch.full((batch_size, bitmask_words(vocab_size)), -1, dtype=torch.int32)
+
+
+def write_bitmask(bitmask: torch.Tensor, index: int, words: np.ndarray) -> None:
+    """Row `index` of an int32 bitmask := a mask's packed words, zeros past them."""
+    packed = np.zeros(bitmask.shape[-1], dtype=np.int32)
+    packed[:words.size] = words.view(np.int32)
+    if bitmask.device.type == "cpu":
+        bitmask[index].numpy()[:] = packed      # write in place, no tensor round trip
+    else:
+        bitmask[index] = torch.from_numpy(packed)
 
 
 def pack_mask(mask: np.ndarray, words: int | None = None) -> np.ndarray:

@@ -18,12 +18,11 @@
 #define UNKNOWN (-2)
 #define DEAD 0
 
-/* What a chain (see chain() below) accepts without a walk, kept per walker: a string's
-   characters are the same chain at every position of every string of the grammar, and
-   testing 49,152 tokens against it is most of such a position's walk. */
+/* What a loop (see chain() below) accepts without a walk, kept per walker by its bytes: a free
+   string's characters are the same loop at every position of every free string of the grammar,
+   and testing 49,152 tokens against it is most of such a position's walk. */
 typedef struct {
     uint64_t inside[4];
-    int64_t depth;
     uint32_t *words;               /* the tokens it accepts (NULL: too few to be worth keeping) */
     int64_t count;
     int32_t *rest, *rest_lcp;      /* the other tokens, in order, each with its shared prefix */
@@ -50,7 +49,7 @@ typedef struct {
     /* scratch */
     int32_t *todo, *out; int64_t cap_todo, cap_out;
     int64_t max_states, max_nodes;
-    ChainTokens chains[MAX_CHAINS];   /* the tokens a chain accepts at once, by (inside, depth) */
+    ChainTokens chains[MAX_CHAINS];   /* the tokens a loop accepts at once, by its bytes */
     int n_chains, next_chain;
 } Walker;
 
@@ -177,12 +176,12 @@ static int32_t intern(Walker *w, const int32_t *m, int64_t n) {
 }
 
 
-/* pda.close: expand calls and returns until every stack has a byte edge on top (or is a
-   sentinel), then intern the set. `start` is w->todo[0 .. n). Returns the state id or -1. */
 static const int32_t *row_of(Walker *w, int32_t pos) {
     return w->trans + (int64_t)pos * 256;
 }
 
+/* pda.close: expand calls and returns until every stack has a byte edge on top (or is a
+   sentinel), then intern the set. `start` is w->todo[0 .. n). Returns the state id or -1. */
 static int32_t close_and_intern(Walker *w, int64_t n) {
     int64_t out_n = 0;
     int has_end = 0, has_unknown = 0;
@@ -347,23 +346,23 @@ static int fits_chain(const uint64_t *set, int64_t len, const uint64_t inside[4]
            !((set[0] & ~inside[0]) | (set[1] & ~inside[1]) | (set[2] & ~inside[2]) | (set[3] & ~inside[3]));
 }
 
-/* The chain's tokens, made once per (inside, depth) and kept: those that fit it as words, and the
-   rest in order, each with the prefix it shares with the one of them before it (the smallest
-   lcp since). Only for loops of many bytes (a string's characters: most of the vocabulary fits
-   them; a chain at least as deep as the longest token is one too), and kept only where more
-   than max_listed fit (else words stays NULL and the walk tests each token as it goes). A
-   bounded string's chains differ in depth from one character to the next: each is walked as it
-   comes. The oldest is dropped when MAX_CHAINS are kept. NULL: not worth it, or no memory. */
+/* A loop's tokens, made once per byte set and kept: those that fit it as words, and the rest in
+   order, each with the prefix it shares with the one of them before it (the smallest lcp
+   since). Only for loops of many bytes (a free string's characters: most of the vocabulary fits
+   them; a chain at least as deep as the longest token is a loop to every token), and kept only
+   where more than max_listed fit (else words stays NULL and the walk tests each token as it
+   goes). A bounded string's chains differ in depth from one character to the next: each is
+   walked as it comes. The oldest is dropped when MAX_CHAINS are kept. NULL: not worth it, or
+   no memory. */
 static ChainTokens *chain_tokens(Walker *w, const uint64_t inside[4], int64_t depth, int64_t n_tokens,
                                  const int64_t *offsets, const int32_t *lcp, const int32_t *ids,
                                  const uint64_t *bytesets, int64_t max_len, int64_t n_words, int64_t max_listed) {
     int bytes_inside = 0;
     for (int k = 0; k < 4; k++) bytes_inside += __builtin_popcountll(inside[k]);
     if (bytes_inside < 64 || depth < max_len) return NULL;
-    depth = max_len;
     for (int k = 0; k < w->n_chains; k++) {
         ChainTokens *c = &w->chains[k];
-        if (c->depth == depth && !memcmp(c->inside, inside, sizeof(c->inside))) return c;
+        if (!memcmp(c->inside, inside, sizeof(c->inside))) return c;
     }
     ChainTokens *c = &w->chains[w->next_chain];
     w->next_chain = (w->next_chain + 1) % MAX_CHAINS;
@@ -371,22 +370,22 @@ static ChainTokens *chain_tokens(Walker *w, const uint64_t inside[4], int64_t de
     else { free(c->words); free(c->rest); free(c->rest_lcp); }
     memset(c, 0, sizeof(*c));
     memcpy(c->inside, inside, sizeof(c->inside));
-    c->depth = depth;
-    int64_t count = 0;
-    for (int64_t i = 0; i < n_tokens; i++) count += fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, depth);
+    int64_t count = 0;   /* (every token is at most max_len long: only its bytes decide) */
+    for (int64_t i = 0; i < n_tokens; i++)
+        count += fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, max_len);
     if (count > max_listed) {
         c->words = calloc((size_t)n_words, sizeof(uint32_t));
         c->rest = malloc((size_t)(n_tokens - count + 1) * sizeof(int32_t));
         c->rest_lcp = malloc((size_t)(n_tokens - count + 1) * sizeof(int32_t));
         if (!c->words || !c->rest || !c->rest_lcp) {
             free(c->words); free(c->rest); free(c->rest_lcp);
-            memset(c, 0, sizeof(*c));   /* an entry no key matches (depth 0 is never looked up) */
+            memset(c, 0, sizeof(*c));   /* an entry no key matches (a looked-up set has >= 64 bytes) */
             return NULL;
         }
         int32_t shared = INT32_MAX;
         for (int64_t i = 0; i < n_tokens; i++) {
             if (lcp[i] < shared) shared = lcp[i];
-            if (fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, depth)) {
+            if (fits_chain(bytesets + 4 * i, offsets[i + 1] - offsets[i], inside, max_len)) {
                 c->words[ids[i] >> 5] |= 1u << (ids[i] & 31);
             } else {
                 c->rest[c->n_rest] = (int32_t)i;

@@ -15,8 +15,8 @@ MB. A kept automaton is read, never changed, so requests on any thread share it.
 """
 from __future__ import annotations
 
-from ..automaton import _RuleDFA, build_rule
-from ..budget import CompileBudget, LimitExceeded
+from ..automaton import _RuleDFA, build_rule, past_room
+from ..budget import CompileBudget
 from ..grammar import Expr
 from ..inlining import _size_at_most
 
@@ -37,8 +37,7 @@ def cached_build_rule(name: str, body: Expr, budget: CompileBudget, room: int | 
                 _kept.clear()
             _kept[key] = dfa
     elif room is not None and len(dfa.final) > room:   # the budget's limit holds for a kept rule too
-        raise LimitExceeded("max_build_states", budget.max_build_states, "the grammar's automaton grows "
-                            f"past {budget.max_build_states} states at rule {name!r}")
+        raise past_room(budget, name)
     return dfa
 
 
