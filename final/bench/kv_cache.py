@@ -4,8 +4,8 @@ in one run.
     python -m course.final.bench.kv_cache [--results | --json out.json] [--skip-speed]
 
 Variants: what `serve --kv-cache-dtype` stores (stage 03's quantized_kv.py): float32 (the
-default), bfloat16, int8 and fp8 (e4m3) codes with a float16 scale per token and KV head, and
-int8 K/V beside int8 weights (`--quantization int8`).
+default), bfloat16, int8 and fp8 (e4m3) codes of Walsh-Hadamard-rotated rows with a scale byte
+per token and KV head, and int8 K/V beside int8 weights (`--quantization int8`).
 
 Quality against float32 K/V (final/bench/precision.py's data): teacher-forced top-1 agreement on
 float32's greedy answers to 8 held-out ShareGPT prompts (64 tokens each) and perplexity of 8
@@ -14,7 +14,7 @@ answers through the engine (the cpu backend's C layers) compared with float32's:
 identical, and where the others first differ.
 
 Where int8's error comes from (quality only): int8 values with float32 keys, int8 keys with
-float32 values, and int8 keys with a scale per 32 values instead of per head (64 values).
+float32 values, and int8 K/V stored without the rotation (what the rotation buys).
 
 Capacity: the tokens 1 GiB of `--kv-memory` holds (launch/kv_pool.py's accounting).
 
@@ -37,7 +37,7 @@ from course.s01_decode_loop.attention import FullCausalAttention
 from course.s01_decode_loop.bench.measure import bench_cli
 from course.s01_decode_loop.sampling import SamplingParams
 from course.s01_decode_loop.weights import load_model
-from course.s03_paged.quantized_kv import dequantize, pool_bytes_per_token, quantize, storage_dtype
+from course.s03_paged.quantized_kv import dequantize, load_rows, pool_bytes_per_token, quantize, storage_dtype, store_rows
 
 from ..engine import Engine
 from .precision import config_for, quality_data
@@ -48,22 +48,24 @@ VARIANTS = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8"
 GIB = 2 ** 30
 
 
-# where int8's error comes from (quality only): (keys, values) each stored as (dtype, values per scale)
-ABLATIONS = {"int8 values only": ((torch.float32, 0), (torch.int8, 0)),
-             "int8 keys only": ((torch.int8, 0), (torch.float32, 0)),
-             "int8, keys in groups of 32": ((torch.int8, 32), (torch.int8, 0))}
+# where int8's error comes from (quality only): (keys, values) each stored as (dtype, rotated)
+ABLATIONS = {"int8 values only": ((torch.float32, True), (torch.int8, True)),
+             "int8 keys only": ((torch.int8, True), (torch.float32, True)),
+             "int8, rows not rotated": ((torch.int8, False), (torch.int8, False))}
 
 
-def stored(x: torch.Tensor, dtype: torch.dtype, group: int = 0) -> torch.Tensor:
-    """x as a pool of `dtype` gives it back: one scale per row of head_dim values (or of `group`)."""
-    rows = x.unflatten(-1, (-1, group)) if group else x
-    return dequantize(*quantize(rows, dtype), x.dtype).reshape(x.shape)
+def stored(x: torch.Tensor, dtype: torch.dtype, rotated: bool = True) -> torch.Tensor:
+    """x as a pool of `dtype` gives it back (rotated = False: quantized as the rows are, the
+    ablation's way)."""
+    if rotated:
+        return load_rows(*store_rows(x, dtype), x.dtype)
+    return dequantize(*quantize(x, dtype), x.dtype)
 
 
 class StoredKVAttention(FullCausalAttention):
     """Full causal attention over K/V stored and read back as a pool stores them."""
 
-    def __init__(self, keys: tuple[torch.dtype, int], values: tuple[torch.dtype, int]):
+    def __init__(self, keys: tuple[torch.dtype, bool], values: tuple[torch.dtype, bool]):
         self.keys, self.values = keys, values
 
     def forward(self, layer, q, k, v, meta):
@@ -129,7 +131,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--skip-speed", action="store_true")
     p.add_argument("--ablations", action=argparse.BooleanOptionalAction, default=True,
-                   help="also int8 keys or values alone, and keys in groups of 32 (quality only)")
+                   help="also int8 keys or values alone, and int8 rows not rotated (quality only)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -148,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
         firsts = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(got, want)]
         row = {"name": name.replace(" + ", "-").replace(" ", "-"), "variant": name, "kv_cache_dtype": kv,
                "quantization": quantization,
-               **quality(reference, model, StoredKVAttention((dtype, 0), (dtype, 0)), prompts, want, texts),
+               **quality(reference, model, StoredKVAttention((dtype, True), (dtype, True)), prompts, want, texts),
                "greedy_identical": sum(f is None for f in firsts), "greedy_prompts": len(prompts),
                "first_divergence": [f for f in firsts if f is not None],
                "bytes_per_token": pool_bytes_per_token(fp32.model.config, dtype),

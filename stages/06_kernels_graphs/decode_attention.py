@@ -13,8 +13,9 @@ Split-K (FlashDecoding): with few sequences there are too few programs to fill t
 each sequence's table is cut into S column ranges, one program each; each writes its partial
 output and log-sum-exp, and a second small kernel merges them (rescaling by exp(lse - max)).
 
-An int8 pool (stage 03's quantized_kv.py) is read as it lies: a key's float16 scale multiplies
-its scores, a value's its softmax weights, so memory sees one byte per value.
+An int8 pool (stage 03's quantized_kv.py) is read as it lies: a key's scale byte multiplies its
+scores, a value's its softmax weights. Its rows are rotated (Walsh-Hadamard): so is the query
+going in (q . k = Hq . Hk) and the output coming out (sum p Hv = H sum p v).
 
 A sliding layer's query sees its last `window` keys only: the walk starts at the tile that
 holds the first, which alone masks keys, so a long sequence costs its window, not its length.
@@ -30,13 +31,32 @@ import triton.language as tl
 BLOCK_N = 16  # keys per loop iteration; each finds its page in the table, so any block size works
 
 
+@triton.jit
+def scale_value(byte):  # a scale byte e << 4 | m as 2^(e - 12) * (1 + m/16) (stage 03's quantized_kv.py)
+    b = byte.to(tl.int32)
+    return (((b >> 4) + 115) << 23 | (b & 15) << 19).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def rotate_rows(x, LOG2_BLOCK: tl.constexpr):  # x [R, C] by quantized_kv.rotate's butterflies, in its order, unscaled
+    for i in tl.static_range(LOG2_BLOCK):  # pairs h = 2^i apart: (a + b, a - b)
+        a, b = tl.split(tl.permute(tl.reshape(x, [x.shape[0], x.shape[1] // (2 << i), 2, 1 << i]), [0, 1, 3, 2]))
+        x = tl.reshape(tl.permute(tl.join(a + b, a - b), [0, 1, 3, 2]), x.shape)
+    return x
+
+
+def rotation(head_dim: int) -> dict:  # the rotation's block (the largest power of two in head_dim): log2, 1/sqrt
+    return {"rot_norm": (head_dim & -head_dim) ** -0.5, "LOG2_ROT": (head_dim & -head_dim).bit_length() - 1}
+
+
 @triton.jit(do_not_specialize=["window"])  # a full layer (0) and a sliding one share one kernel
 def _decode_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, part_o_ptr, part_lse_ptr, bt_ptr, seq_lens_ptr, sinks_ptr,
     scale, window, stride_qb, stride_qh, stride_qd, stride_ob, stride_oh, stride_od,
-    stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split,
+    stride_kb, stride_ks, stride_kh, stride_btb, stride_btw, cols_per_split, rot_norm,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, PAGE: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, QUANTIZED: tl.constexpr, HAS_SINKS: tl.constexpr,
+    LOG2_ROT: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
@@ -50,7 +70,7 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g  # the query heads that share this KV head
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=g_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
-    q = q * scale
+    q = (rotate_rows(q, LOG2_ROT) * rot_norm if QUANTIZED else q) * scale  # a quantized pool's rows are rotated
 
     # This split's keys: table columns [split * cols, (split + 1) * cols), clipped to the sequence
     # and to the window, from the tile holding its first key (whole tiles: a start at any key
@@ -73,7 +93,7 @@ def _decode_kernel(
 
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]: q.k for every head of the group
         if QUANTIZED:  # an int8 key's scale (one per token and KV head: at slot / HEAD_DIM) scales its scores
-            s = s * tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[None, :]
+            s = s * scale_value(tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0))[None, :]
         s = tl.where(n_ok[None, :], s, float("-inf"))
         if start < first:  # the window's first tile (never without a window): hide the keys before it
             s = tl.where(offs_n[None, :] >= first, s, float("-inf"))
@@ -83,7 +103,7 @@ def _decode_kernel(
         alpha = tl.exp(m_i - m_safe)  # rescale what earlier tiles accumulated
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if QUANTIZED:  # and a value's, its weights
-            p = p * tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[None, :]
+            p = p * scale_value(tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0))[None, :]
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m_i = m_new
 
@@ -94,6 +114,7 @@ def _decode_kernel(
             alpha = tl.exp(m_i - m_new)
             acc, l_i, m_i = acc * alpha[:, None], l_i * alpha + tl.exp(sink - m_new), m_new
     acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
+    acc = rotate_rows(acc, LOG2_ROT) * rot_norm if QUANTIZED else acc  # a split's too: the reduce is linear
     out_mask = g_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
         tl.store(o_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -131,9 +152,9 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
                            window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of each sequence's one query q[b] [H, D] over its seq_lens[b] keys in the paged pool
     k/v_cache [num_blocks, block_size, Hkv, D] through block_tables[b]: [B, H, D] in q's dtype, into
-    `out` if given. num_splits > 1: split-K + reduce. An int8 pool comes with k/v_scale [num_blocks,
-    block_size, Hkv]; a sliding layer, its `window`; gpt-oss, its `sinks` [H]. block_n, num_warps:
-    tuning knobs (bench/tune_decode.py)."""
+    `out` if given. num_splits > 1: split-K + reduce. An int8 pool comes with its scale bytes k/v_scale
+    [num_blocks, block_size, Hkv]; a sliding layer, its `window`; gpt-oss, its `sinks` [H]. block_n,
+    num_warps: tuning knobs (bench/tune_decode.py)."""
     B, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
     assert H % hkv == 0 and k_cache.is_contiguous() and v_cache.is_contiguous() and num_splits >= 1
@@ -160,7 +181,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=No
         out, part_o, part_lse, block_tables, seq_lens, q if sinks is None else sinks.float().contiguous().view(H),
         float(scale), window or 0, q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), block_tables.stride(1),
-        triton.cdiv(width, num_splits),
+        triton.cdiv(width, num_splits), **rotation(D),
         HEAD_DIM=D, BLOCK_D=block_d, GROUP=group, BLOCK_G=triton.next_power_of_2(group), PAGE=page,
         NUM_SPLITS=num_splits, BLOCK_N=block_n, QUANTIZED=k_scale is not None, HAS_SINKS=sinks is not None, **launch,
     )

@@ -9,7 +9,7 @@ tile of it at a time, in registers.
 Everything else is bookkeeping. A sequence's new tokens are its last qlen positions; a cached
 prefix is just keys before the first query, read like any other key, and a decode is a query
 of length 1. Keys come from the paged pool through the block table, token by token, so a key
-tile may span several pages and any block size works. An int8 pool's codes are scaled as loaded.
+tile may span several pages and any block size works. int8 codes: as in decode_attention.py.
 
 A sliding layer's window bounds the walk from below as causality bounds it from above: the
 key loop starts at the tile's first query's window.
@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .decode_attention import rotate_rows, rotation, scale_value
+
 BLOCK_M = BLOCK_N = 16  # interpreter-friendly tiles (a GPU's: 64-128 x 64); every tl.dot dim stays >= 16
 
 
@@ -27,8 +29,9 @@ BLOCK_M = BLOCK_N = 16  # interpreter-friendly tiles (a GPU's: 64-128 x 64); eve
 def _varlen_paged_attn_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, o_ptr, cu_ptr, seq_lens_ptr, bt_ptr, sinks_ptr, scale, window,
     stride_qt, stride_qh, stride_qd, stride_ot, stride_oh, stride_od, stride_kb, stride_ks, stride_kh, stride_bt,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr, QUANTIZED: tl.constexpr, HAS_SINKS: tl.constexpr,
+    rot_norm, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr, GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DOT_16BIT: tl.constexpr, QUANTIZED: tl.constexpr,
+    HAS_SINKS: tl.constexpr, LOG2_ROT: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -49,6 +52,7 @@ def _varlen_paged_attn_kernel(
     rows = q_start + offs_m  # int64: T * stride can pass 2**31
     q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :] * stride_qd,
                 mask=m_ok[:, None] & d_ok[None, :], other=0.).to(tl.float32)  # fp32 at once
+    q = rotate_rows(q, LOG2_ROT) * rot_norm if QUANTIZED else q  # a quantized pool's rows are rotated
 
     kv_off = (h // GROUP).to(tl.int64) * stride_kh  # GQA: GROUP query heads share one kv head
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -68,8 +72,8 @@ def _varlen_paged_attn_kernel(
         k = tl.load(k_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
         v = tl.load(v_ptr + slot[:, None] + offs_d[None, :], mask=kv_mask, other=0.).to(tl.float32)
         if QUANTIZED:  # codes times their row's scale (one per token and KV head: at slot / HEAD_DIM)
-            k = k * tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[:, None]
-            v = v * tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0.).to(tl.float32)[:, None]
+            k = k * scale_value(tl.load(ks_ptr + slot // HEAD_DIM, mask=n_ok, other=0))[:, None]
+            v = v * scale_value(tl.load(vs_ptr + slot // HEAD_DIM, mask=n_ok, other=0))[:, None]
 
         if DOT_16BIT:  # GPU, 16-bit queries: tensor-core dots in their dtype, fp32 accumulators
             s = tl.dot(q.to(q_ptr.dtype.element_ty), tl.trans(k.to(q_ptr.dtype.element_ty))) * scale
@@ -97,6 +101,7 @@ def _varlen_paged_attn_kernel(
         alpha = tl.exp(m_i - m_new)
         acc, l_i = acc * alpha[:, None], l_i * alpha + tl.exp(sink - m_new)
     acc = acc / tl.where(l_i > 0., l_i, 1.)[:, None]
+    acc = rotate_rows(acc, LOG2_ROT) * rot_norm if QUANTIZED else acc  # back from the values' rotation
     tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :] * stride_od,
              acc.to(o_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
@@ -106,7 +111,7 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
                            window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [T, H, D] (sequence b's rows cu_seqlens_q[b]:cu_seqlens_q[b+1], its
     last positions) over its seq_lens[b] keys in the paged pool [num_blocks, block_size, Hkv, D]
-    (int8: with k/v_scale [num_blocks, block_size, Hkv]), in a sliding layer its last `window`
+    (int8: with its scale bytes k/v_scale [num_blocks, block_size, Hkv]), in a sliding layer its last `window`
     positions, with gpt-oss's `sinks` [H]. Returns [T, H, D] in q's dtype."""
     T, H, D = q.shape
     _, page, hkv, _ = k_cache.shape
@@ -126,7 +131,7 @@ def varlen_paged_attention(q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_ta
         q, k_cache, v_cache, k_cache if k_scale is None else k_scale, v_cache if v_scale is None else v_scale,
         out, cu_seqlens_q, seq_lens, block_tables, q if sinks is None else sinks.float().contiguous().view(H),
         float(scale), window or 0, q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0), **rotation(D),
         HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), PAGE=page, GROUP=H // hkv,
         BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_SINKS=sinks is not None,
         DOT_16BIT=q.is_cuda and q.dtype in (torch.float16, torch.bfloat16), QUANTIZED=k_scale is not None,

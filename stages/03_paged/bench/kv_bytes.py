@@ -5,7 +5,7 @@ running request's K/V, read once per step each. Arithmetic, no timing.
 
 For SmolLM2-135M-Instruct (float32 weights, as the CPU serves them) at batch 1 and 64, each
 request holding `--context` tokens, with the pool storing float32, bfloat16, int8 or fp8 (codes
-and a float16 scale per token and KV head: quantized_kv.py). final/bench/kv_cache.py measures
+and a scale byte per token and KV head: quantized_kv.py). final/bench/kv_cache.py measures
 what the bytes turn into on our CPU.
 """
 from __future__ import annotations

@@ -213,10 +213,19 @@ def record_captures(graphs) -> list:
 
 def stored_case(case: PagedCase, dtype: torch.dtype):
     """The case's pools stored as stage 03 stores a bfloat16, int8 or fp8 KV cache: (k pool, v pool,
-    the float case they dequantize to, the oracle's input). The NaN slots stay poisoned: NaN
-    scales (int8, fp8) or NaN values (bfloat16)."""
-    from course.s03_paged.quantized_kv import QuantizedPool, dequantize, quantize
+    the float case they load back to, the oracle's input). The NaN slots stay poisoned: NaN values
+    (bfloat16) or codes (fp8); int8, which has no NaN, gets random codes at its rows' median scale
+    there, keys and values like the real ones: a stray read moves the output by about 1 / length,
+    far past any test's tolerance (an extreme key could instead hide behind a negative score)."""
+    from course.s03_paged.quantized_kv import QuantizedPool, load_rows, store_rows
 
-    pools = [QuantizedPool(*quantize(pool, dtype), torch.float32) for pool in (case.k_cache, case.v_cache)]
-    k, v = (dequantize(p.codes, p.scales) for p in pools)
+    pools, g = [], torch.Generator().manual_seed(0)
+    for pool in (case.k_cache, case.v_cache):
+        codes, scales = store_rows(pool, dtype)
+        poisoned = pool.isnan().any(dim=-1)
+        if dtype == torch.int8 and poisoned.any():
+            codes[poisoned] = torch.randint(-127, 128, codes[poisoned].shape, generator=g, dtype=torch.int8)
+            scales[poisoned] = scales[~poisoned].median()
+        pools.append(QuantizedPool(codes, scales, torch.float32))
+    k, v = (load_rows(p.codes, p.scales) for p in pools)
     return pools[0], pools[1], replace(case, k_cache=k, v_cache=v)

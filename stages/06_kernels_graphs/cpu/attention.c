@@ -29,10 +29,13 @@
  * meets an infinity (the running max starts at -FLT_MAX, masked keys are never visited, and
  * attention.py clamps the sinks to finite floats).
  *
- * A pool may store bfloat16 values, or 8-bit codes with a float16 scale per (token, KV head):
- * int8, or float8 e4m3 (quantized_kv.py). Then each block's rows of the head are read as codes
- * and turned into floats on the stack (dequantize_rows), where the float code above reads them
- * for all G query heads: memory sees a quarter of float32's bytes, and the block never leaves L1.
+ * A pool may store bfloat16 values, or 8-bit codes with a one-byte scale per (token, KV head):
+ * int8, or float8 e4m3 (quantized_kv.py), of rows rotated by a Walsh-Hadamard matrix H. Then each
+ * block's rows of the head are read as codes and turned into floats on the stack
+ * (dequantize_rows), where the float code above reads them for all G query heads: memory sees a
+ * quarter of float32's bytes, and the block never leaves L1. The rotation costs two small
+ * transforms per work item: the G query rows rotated going in (q . k = Hq . Hk), the G outputs
+ * rotated back coming out (sum p Hv = H sum p v).
  *
  * Returns 0, or the number of rows whose table held a block id outside the pool where the row
  * reads, was too short for its length, or whose tree bits let it see no key (those rows are left
@@ -150,6 +153,45 @@ static void block_values(const float *p, const float *vb, int64_t token_stride, 
 enum { KV_F32 = 0, KV_BF16 = 1, KV_INT8 = 2, KV_FP8 = 3 };
 static const int64_t KV_BYTES[4] = {4, 2, 1, 1};
 
+/* A scale byte (e << 4 | m) as its float, 2^(e - 12) * (1 + m / 16): e and m moved into a float's
+ * exponent and mantissa fields (quantized_kv.scale_value). */
+static inline float scale_value(uint8_t byte)
+{
+    const uint32_t bits = (uint32_t)((byte >> 4) + 127 - 12) << 23 | (uint32_t)(byte & 15) << 19;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* The smallest scale byte whose value is >= ratio (quantized_kv.scale_byte): the mantissa rounded
+ * up to 4 bits in the float's bits, a carry moving into the exponent; clamped to the range. */
+static inline uint8_t scale_byte(float ratio)
+{
+    uint32_t bits;
+    ratio = ratio > 0x1p-12f ? ratio : 0x1p-12f;
+    memcpy(&bits, &ratio, 4);
+    bits += (1u << 19) - 1;
+    const int64_t exponent = (int64_t)(bits >> 23) - (127 - 12);
+    return exponent > 15 ? 255 : (uint8_t)(exponent << 4 | ((bits >> 19) & 15));
+}
+
+/* x[0..dim) times the orthonormal Walsh-Hadamard matrix, block-diagonal in blocks of the largest
+ * power of two dividing dim: butterflies (a + b, a - b) over pairs h apart, h = 1, 2, 4, ...,
+ * then 1/sqrt(block): quantized_kv.rotate's operations in its order, so the same bits. */
+static void rotate_row(float *x, int64_t dim)
+{
+    const int64_t block = dim & -dim;
+    for (int64_t h = 1; h < block; h *= 2)
+        for (int64_t i = 0; i < dim; i += 2 * h)
+            for (int64_t j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    const float norm = (float)(1.0 / sqrt((double)block));
+    for (int64_t d = 0; d < dim; d++) x[d] *= norm;
+}
+
 /* An e4m3 code's value / 256: its sign, exponent and mantissa moved into float16's fields (whose
  * exponent bias, 15, is 8 above e4m3's 7): exact for every code, subnormals included. */
 static inline float fp8_value_over_256(uint8_t code)
@@ -164,7 +206,7 @@ static inline float fp8_value_over_256(uint8_t code)
  * element first + t * token_stride (its scale: element / dim of the scales) to dst[t * dim].
  * Written out for AVX-512 (16 values a step) and AVX2 + F16C (8), the two vector widths our
  * hosts have (the compiler does not vectorize the fp8 conversion of the plain loops below). */
-static void dequantize_rows(const void *pool, const _Float16 *scales, int kind, int64_t first, int64_t token_stride,
+static void dequantize_rows(const void *pool, const uint8_t *scales, int kind, int64_t first, int64_t token_stride,
                             int64_t keys, int64_t dim, float *dst)
 {
 #ifdef VECTOR_ATTENTION
@@ -179,13 +221,13 @@ static void dequantize_rows(const void *pool, const _Float16 *scales, int kind, 
                         _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(src + d))), 16)));
             } else if (kind == KV_INT8) {
                 const int8_t *src = (const int8_t *)pool + at;
-                const __m512 scale = _mm512_set1_ps((float)scales[at / dim]);
+                const __m512 scale = _mm512_set1_ps(scale_value(scales[at / dim]));
                 for (int64_t d = 0; d < dim; d += 16)
                     _mm512_storeu_ps(row + d, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(
                         _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + d))))));
             } else {  /* fp8_value_over_256, 16 codes at once: their bits moved into float16's fields */
                 const uint8_t *src = (const uint8_t *)pool + at;
-                const __m512 scale = _mm512_set1_ps(256.f * (float)scales[at / dim]);
+                const __m512 scale = _mm512_set1_ps(256.f * scale_value(scales[at / dim]));
                 for (int64_t d = 0; d < dim; d += 16) {
                     const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(src + d)));
                     const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8),
@@ -208,13 +250,13 @@ static void dequantize_rows(const void *pool, const _Float16 *scales, int kind, 
                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d))), 16)));
             } else if (kind == KV_INT8) {
                 const int8_t *src = (const int8_t *)pool + at;
-                const __m256 scale = _mm256_set1_ps((float)scales[at / dim]);
+                const __m256 scale = _mm256_set1_ps(scale_value(scales[at / dim]));
                 for (int64_t d = 0; d < dim; d += 8)
                     _mm256_storeu_ps(row + d, _mm256_mul_ps(scale, _mm256_cvtepi32_ps(
                         _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + d))))));
             } else {
                 const uint8_t *src = (const uint8_t *)pool + at;
-                const __m256 scale = _mm256_set1_ps(256.f * (float)scales[at / dim]);
+                const __m256 scale = _mm256_set1_ps(256.f * scale_value(scales[at / dim]));
                 for (int64_t d = 0; d < dim; d += 8) {
                     const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(src + d)));
                     const __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8),
@@ -238,12 +280,12 @@ static void dequantize_rows(const void *pool, const _Float16 *scales, int kind, 
             }
         } else if (kind == KV_INT8) {
             const int8_t *src = (const int8_t *)pool + at;
-            const float scale = (float)scales[at / dim];
+            const float scale = scale_value(scales[at / dim]);
             #pragma omp simd
             for (int64_t d = 0; d < dim; d++) row[d] = scale * (float)src[d];
         } else {
             const uint8_t *src = (const uint8_t *)pool + at;
-            const float scale = 256.f * (float)scales[at / dim];
+            const float scale = 256.f * scale_value(scales[at / dim]);
             #pragma omp simd
             for (int64_t d = 0; d < dim; d++) row[d] = scale * fp8_value_over_256(src[d]);
         }
@@ -267,8 +309,8 @@ static inline uint8_t fp8_code(float x)
 }
 
 /* Row x's kv_heads heads (dim floats each) into slot `slot` of a pool of `kind`: copied, rounded to
- * bfloat16, or quantized with a float16 scale per head (quantized_kv.quantize's math). */
-static void store_kv_row(void *pool, _Float16 *scales, int kind, int64_t slot, const float *x, int64_t kv_heads,
+ * bfloat16, or rotated and quantized with a scale byte per head (quantized_kv.store_rows' math). */
+static void store_kv_row(void *pool, uint8_t *scales, int kind, int64_t slot, const float *x, int64_t kv_heads,
                          int64_t dim)
 {
     const int64_t width = kv_heads * dim, at = slot * width;
@@ -283,13 +325,15 @@ static void store_kv_row(void *pool, _Float16 *scales, int kind, int64_t slot, c
         return;
     }
     const float qmax = kind == KV_INT8 ? 127.f : 448.f;
+    float xh[MAX_DIM];
     for (int64_t h = 0; h < kv_heads; h++) {
-        const float *xh = x + h * dim;
+        memcpy(xh, x + h * dim, (size_t)dim * sizeof(float));
+        rotate_row(xh, dim);
         float amax = 0.f;
         for (int64_t d = 0; d < dim; d++) amax = fmaxf(amax, fabsf(xh[d]));
-        const _Float16 stored = (_Float16)(amax / qmax);
-        scales[slot * kv_heads + h] = stored;
-        const float scale = (float)stored > 0.f ? (float)stored : FLT_MIN;  /* divide by the scale as stored */
+        const uint8_t byte = scale_byte(amax / qmax);
+        scales[slot * kv_heads + h] = byte;
+        const float scale = scale_value(byte);  /* divide by the scale as stored */
         for (int64_t d = 0; d < dim; d++) {
             const float c = fminf(fmaxf(xh[d] / scale, -qmax), qmax);
             if (kind == KV_INT8) ((int8_t *)pool)[at + h * dim + d] = (int8_t)nearbyintf(c);
@@ -302,7 +346,7 @@ int64_t paged_attention_rows_f32(
     const float *q, int64_t q_row_stride,       /* [T, heads, dim]; heads x dim contiguous */
     float *out,                                  /* [T, heads, dim], contiguous */
     const void *k_pool, const void *v_pool,      /* [num_blocks, block_size, kv_heads, dim] of `kind` */
-    int kind, const _Float16 *k_scale, const _Float16 *v_scale,  /* [num_blocks, block_size, kv_heads]: int8, fp8 */
+    int kind, const uint8_t *k_scale, const uint8_t *v_scale,  /* [num_blocks, block_size, kv_heads]: int8, fp8 */
     int64_t num_blocks,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n,  /* per work row */
     const int64_t *tree_first, const uint64_t *tree_bits,                     /* per work row, or NULL */
@@ -340,6 +384,12 @@ int64_t paged_attention_rows_f32(
 
             const float *qh = q + rows[i] * q_row_stride + kv * group * dim;
             float maxs[MAX_GROUP], sums[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[MAX_GROUP * MAX_BLOCK];
+            float q_rotated[kind == KV_INT8 || kind == KV_FP8 ? MAX_GROUP * MAX_DIM : 1];
+            if (kind == KV_INT8 || kind == KV_FP8) {  /* the pool's rows are rotated: so is the query */
+                memcpy(q_rotated, qh, (size_t)(group * dim) * sizeof(float));
+                for (int64_t g = 0; g < group; g++) rotate_row(q_rotated + g * dim, dim);
+                qh = q_rotated;
+            }
             float kbuf[kind == KV_F32 ? 1 : block_size * dim], vbuf[kind == KV_F32 ? 1 : block_size * dim];
             const int64_t bytes = KV_BYTES[kind], stride = kind == KV_F32 ? token_stride : dim;
             for (int64_t g = 0; g < group; g++) { maxs[g] = -FLT_MAX; sums[g] = 0.f; }
@@ -420,8 +470,10 @@ int64_t paged_attention_rows_f32(
                 }
             }
             float *o = out + (rows[i] * heads + kv * group) * dim;
-            for (int64_t g = 0; g < group; g++)
+            for (int64_t g = 0; g < group; g++) {
                 for (int64_t d = 0; d < dim; d++) o[g * dim + d] = acc[g * dim + d] / sums[g];
+                if (kind == KV_INT8 || kind == KV_FP8) rotate_row(o + g * dim, dim);  /* back from the values' basis */
+            }
         }
     }
     return bad_rows;

@@ -306,7 +306,7 @@ int64_t decoder_layer_f32(
     const float *x, const float *residual, float *residual_out, float *x_out,
     const float *input_norm, const void *qkv_w, const void *o_w, const float *post_norm,
     const float *q_norm, const float *k_norm, const void *gate_up_w, const void *down_w, const float *const scales[4], const float *cos, const float *sin,
-    void *k_pool, void *v_pool, int kv_kind, _Float16 *k_scale, _Float16 *v_scale,  /* as attention.c's */
+    void *k_pool, void *v_pool, int kv_kind, uint8_t *k_scale, uint8_t *v_scale,  /* as attention.c's */
     int64_t num_blocks, int64_t block_size, const int64_t *slots,
     const int64_t *rows, const int64_t *seqs, const int64_t *lens, int64_t n_rows,
     const int64_t *tree_first, const uint64_t *tree_bits, int64_t window,

@@ -147,15 +147,16 @@ def _pool_strides(s: ModelShape) -> dict:
             "stride_kh": s.head_dim}
 
 
-INT8_KV = ", int8 KV"  # the case of an int8 pool (stage 03's quantized_kv.py): codes and float16 scales
+INT8_KV = ", int8 KV"  # the case of an int8 pool (stage 03's quantized_kv.py): codes and scale bytes
 
 
-def _pools(int8: bool) -> dict:
+def _pools(int8: bool, head_dim: int) -> dict:
     """The pool pointers as the wrappers pass them: bf16 values (the scales' slots get the pools,
-    unread), or int8 codes with float16 scales."""
+    unread), or int8 codes of rotated rows with scale bytes; the rotation's arguments either way."""
+    from ..decode_attention import rotation
     if int8:
-        return {"k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*fp16", "vs_ptr": "*fp16"}
-    return {"k_ptr": "*bf16", "v_ptr": "*bf16", "ks_ptr": "*bf16", "vs_ptr": "*bf16"}
+        return {"k_ptr": "*i8", "v_ptr": "*i8", "ks_ptr": "*u8", "vs_ptr": "*u8", **rotation(head_dim)}
+    return {"k_ptr": "*bf16", "v_ptr": "*bf16", "ks_ptr": "*bf16", "vs_ptr": "*bf16", **rotation(head_dim)}
 
 
 SINKS = ", sinks"  # the case with attention sinks (gpt-oss): one more logit per head, folded after the walk
@@ -179,7 +180,7 @@ def decode_cases(s: ModelShape) -> list[dict]:
     split = choose_num_splits(1, s.kv_heads, TABLE_WIDTH, NUM_SMS)
     with_sinks = [(split, False, True)] if s is SINKS_SHAPE else []
     for splits, int8, sinks in [(1, False, False), (split, False, False), (1, True, False)] + with_sinks:
-        args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16",
+        args = {"q_ptr": "*bf16", **_pools(int8, s.head_dim), "o_ptr": "*bf16",
                 "part_o_ptr": "*fp32" if splits > 1 else "*bf16", "part_lse_ptr": "*fp32" if splits > 1 else "*bf16",
                 "bt_ptr": "*i64", "seq_lens_ptr": "*i64", **_sinks(sinks),
                 "scale": s.head_dim ** -0.5, "window": WINDOW,
@@ -207,7 +208,7 @@ def prefill_cases(s: ModelShape) -> list[dict]:
     from ..prefill_attention import BLOCK_M, BLOCK_N, _varlen_paged_attn_kernel
     cases = []
     for int8, sinks in [(False, False), (True, False)] + ([(False, True)] if s is SINKS_SHAPE else []):
-        args = {"q_ptr": "*bf16", **_pools(int8), "o_ptr": "*bf16", "cu_ptr": "*i64",
+        args = {"q_ptr": "*bf16", **_pools(int8, s.head_dim), "o_ptr": "*bf16", "cu_ptr": "*i64",
                 "seq_lens_ptr": "*i64", "bt_ptr": "*i64", **_sinks(sinks),
                 "scale": s.head_dim ** -0.5, "window": WINDOW,
                 "stride_qt": _qkv_row(s), "stride_qh": s.head_dim, "stride_qd": 1,
@@ -229,7 +230,8 @@ def kv_write_cases(s: ModelShape) -> list[dict]:
             "BLOCK_H": _pow2(s.kv_heads), "BLOCK_D": _pow2(s.head_dim)}
     cases = [launch_case(s.name, _write_kv_kernel, args)]
     from ..int8_kv.kv_write import _write_int8_kv_kernel  # the int8_kv room's: quantizing as it writes
-    args = {**args, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8", "ks_ptr": "*fp16", "vs_ptr": "*fp16"}
+    args = {**args, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8", "ks_ptr": "*u8", "vs_ptr": "*u8",
+            **{k: v for k, v in _pools(True, s.head_dim).items() if not k.endswith("_ptr")}}
     return cases + [{**launch_case(s.name + INT8_KV, _write_int8_kv_kernel, args), "source": "int8_kv"}]
 
 

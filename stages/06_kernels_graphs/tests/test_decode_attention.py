@@ -138,7 +138,7 @@ def test_choose_num_splits():
 def test_a_stored_int8_pool_reads_as_the_oracle_reads_it_dequantized(num_heads, num_kv_heads, head_dim, block_size,
                                                               num_splits):
     """Codes and their scales loaded in the tile, scaled in registers: the oracle's output over
-    the same pool dequantized (NaN scales poison every slot no sequence owns)."""
+    the same pool dequantized (stored_case poisons every slot no sequence owns)."""
     from course.s06_kernels_graphs.bench.testing import stored_case
 
     case = _case([1, 5, 17, 33], num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,

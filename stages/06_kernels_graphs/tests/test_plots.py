@@ -23,7 +23,7 @@ def test_the_roofline_places_each_batch_at_its_intensity_and_rate():
 
 
 def test_a_quantized_pool_counts_its_codes_and_scales():
-    """An int8 pool moves a byte a value plus a float16 scale per (token, KV head): the roofline
+    """An int8 pool moves a byte a value plus a scale byte per (token, KV head): the roofline
     counts what the kernel reads, not the model's dtype."""
     import torch
 
@@ -34,5 +34,5 @@ def test_a_quantized_pool_counts_its_codes_and_scales():
     full, int8 = decode_cost(model, 4, 32), decode_cost(model, 4, 32, kv_dtype=torch.int8)
     assert full.kv_bytes == 4 * 32 * 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4
     assert int8.kv_bytes == 4 * 32 * pool_bytes_per_token(c, torch.int8)
-    assert int8.kv_bytes == 4 * 32 * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.head_dim + 2)
+    assert int8.kv_bytes == 4 * 32 * 2 * c.num_hidden_layers * c.num_key_value_heads * (c.head_dim + 1)
     assert int8.weight_bytes == full.weight_bytes and int8.intensity > full.intensity

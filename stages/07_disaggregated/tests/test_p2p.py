@@ -50,7 +50,7 @@ def test_p2p_blocks_arrive_bitwise_and_unknown_transfers_fail_fast(got):
 def test_p2p_engine_handoff_kv_received_equals_kv_computed_bitwise(got):
     """Two engines with int8 pools: the codes and their scales arrive as computed."""
     computed, received = got["computed"], got["received"]
-    assert len(computed) == 4 and computed[0].dtype == torch.int8 and computed[2].dtype == torch.float16
+    assert len(computed) == 4 and computed[0].dtype == torch.int8 and computed[2].dtype == torch.uint8
     assert all(torch.equal(c, r) for c, r in zip(computed, received))
     tokens, source, free_blocks = got["engine consumer"]
     assert source == "remote" and free_blocks == 24
