@@ -175,13 +175,52 @@ static inline uint8_t scale_byte(float ratio)
     return exponent > 15 ? 255 : (uint8_t)(exponent << 4 | ((bits >> 19) & 15));
 }
 
+#if defined(__AVX512F__)
+/* One round of butterflies inside a vector: a lane outside `second` gets itself plus its partner
+ * (a + b), a lane in it its partner minus itself (a - b): the same single add or subtract. */
+static inline __m512 butterflies16(__m512 v, __m512 partner, __mmask16 second)
+{
+    return _mm512_mask_sub_ps(_mm512_add_ps(v, partner), second, partner, v);
+}
+#elif defined(__AVX2__)
+#define BUTTERFLIES8(v, partner, second) \
+    _mm256_blend_ps(_mm256_add_ps(v, partner), _mm256_sub_ps(partner, v), second)
+#endif
+
 /* x[0..dim) times the orthonormal Walsh-Hadamard matrix, block-diagonal in blocks of the largest
  * power of two dividing dim: butterflies (a + b, a - b) over pairs h apart, h = 1, 2, 4, ...,
- * then 1/sqrt(block): quantized_kv.rotate's operations in its order, so the same bits. */
+ * then 1/sqrt(block): quantized_kv.rotate's operations in its order, so the same bits. The rounds
+ * of pairs closer than a vector run inside each vector (lanes swapped, then one add or subtract a
+ * lane): 8x fewer instructions than the plain loop, which does the rest. */
 static void rotate_row(float *x, int64_t dim)
 {
     const int64_t block = dim & -dim;
-    for (int64_t h = 1; h < block; h *= 2)
+    int64_t h = 1;
+#if defined(__AVX512F__)
+    if (block >= 16) {  /* h = 1, 2, 4, 8 */
+        for (int64_t d = 0; d < dim; d += 16) {
+            __m512 v = _mm512_loadu_ps(x + d);
+            v = butterflies16(v, _mm512_permute_ps(v, 0xB1), 0xAAAA);        /* neighbours */
+            v = butterflies16(v, _mm512_permute_ps(v, 0x4E), 0xCCCC);        /* pairs of them */
+            v = butterflies16(v, _mm512_shuffle_f32x4(v, v, 0xB1), 0xF0F0);  /* 128-bit quarters */
+            v = butterflies16(v, _mm512_shuffle_f32x4(v, v, 0x4E), 0xFF00);  /* 256-bit halves */
+            _mm512_storeu_ps(x + d, v);
+        }
+        h = 16;
+    }
+#elif defined(__AVX2__)
+    if (block >= 8) {  /* h = 1, 2, 4 */
+        for (int64_t d = 0; d < dim; d += 8) {
+            __m256 v = _mm256_loadu_ps(x + d);
+            v = BUTTERFLIES8(v, _mm256_permute_ps(v, 0xB1), 0xAA);
+            v = BUTTERFLIES8(v, _mm256_permute_ps(v, 0x4E), 0xCC);
+            v = BUTTERFLIES8(v, _mm256_permute2f128_ps(v, v, 0x01), 0xF0);
+            _mm256_storeu_ps(x + d, v);
+        }
+        h = 8;
+    }
+#endif
+    for (; h < block; h *= 2)
         for (int64_t i = 0; i < dim; i += 2 * h)
             for (int64_t j = i; j < i + h; j++) {
                 const float a = x[j], b = x[j + h];
@@ -190,6 +229,12 @@ static void rotate_row(float *x, int64_t dim)
             }
     const float norm = (float)(1.0 / sqrt((double)block));
     for (int64_t d = 0; d < dim; d++) x[d] *= norm;
+}
+
+/* n rows of dim floats rotated in place: rotate_row exported, for the tests to hold it to torch's bits. */
+void rotate_rows_f32(float *x, int64_t n, int64_t dim)
+{
+    for (int64_t i = 0; i < n; i++) rotate_row(x + i * dim, dim);
 }
 
 /* An e4m3 code's value / 256: its sign, exponent and mantissa moved into float16's fields (whose

@@ -189,3 +189,21 @@ def test_tree_rows_see_the_prefix_and_their_own_path(n, block_size, head_dim):
     torch.testing.assert_close(got[1:], tree_attention_sdpa(case.q[1:], k, v, mask), atol=1e-5, rtol=1e-5)
     if n > 2:  # the mask matters: a plain causal chunk differs
         assert not torch.allclose(got[1:], reference_attention(case)[1:], atol=1e-3)
+
+
+@pytest.mark.parametrize("dim", [12, 16, 64, 80, 128, 256])
+def test_the_c_rotation_gives_torchs_bits(dim):
+    """attention.c's rotate_row (its in-vector rounds on AVX-512 and AVX2, the plain loop elsewhere)
+    equals stage 03's quantized_kv.rotate bit for bit: a quantized pool's codes and scales come out
+    the same whichever path wrote them."""
+    import ctypes
+
+    from course.s03_paged.quantized_kv import rotate
+    from course.s06_kernels_graphs.cpu import attention
+
+    lib = native.load(attention.SOURCE, attention.FLAGS)
+    lib.rotate_rows_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    x = torch.randn(9, dim, generator=torch.Generator().manual_seed(dim)) * torch.logspace(-2, 2, 9)[:, None]
+    got = x.clone()
+    lib.rotate_rows_f32(got.data_ptr(), 9, dim)
+    assert torch.equal(got, rotate(x))
