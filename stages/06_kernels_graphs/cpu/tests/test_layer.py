@@ -45,6 +45,7 @@ def int16_rows(x: torch.Tensor):
 
 
 INT8_VNNI = "avx512_vnni" in open("/proc/cpuinfo").read() if sys.platform == "linux" else False
+AVX512 = "avx512f" in open("/proc/cpuinfo").read() if sys.platform == "linux" else False
 
 
 @pytest.mark.parametrize("m", [1, 3, 10, BLOCKED_ROWS + 1])
@@ -68,21 +69,17 @@ def test_int8_products_equal_the_dequantized_matmul(m, n, k):
     assert ((got.double() - float_product).abs() <= 1e-3 * row_scale).all()
 
 
+@pytest.mark.skipif(not AVX512, reason="the AVX-512 path runs only on a CPU with AVX-512 (the AVX2 one: "
+                    "test_the_avx2_path_computes_the_same_products)")
 def test_int8_products_without_vnni_widen_to_float():
-    """CPUs with AVX-512 but not VNNI multiply int8 weights in float32 (layer.c's blocks)."""
-    import ctypes
-
-    from course.s06_kernels_graphs.cpu import native
-    lib = native.load(cpu_layer.SOURCE, cpu_layer.FLAGS + ["-mno-avx512vnni", "-mno-avxvnni"])
+    """CPUs with AVX-512 but not VNNI multiply int8 weights in float32 (layer.c's blocks): built for
+    Skylake-SP (AVX-512, no VNNI) whatever this CPU or $COURSE_CPU_ARCH builds for."""
+    _, i8 = products_built_with(["-march=skylake-avx512"])
     g = torch.Generator().manual_seed(9)
     x, w = torch.randn(10, 40, generator=g), torch.randn(9, 40, generator=g)
     q, scale = quantize_rows(w)
-    out = torch.empty(10, 9)
-    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.product_i8_f32.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, ctypes.c_int]
-    lib.product_i8_f32(x.data_ptr(), q.data_ptr(), scale.data_ptr(), out.data_ptr(), 10, 9, 40, 2)
     want = x.double() @ (q.double() * scale.double()[:, None]).T
-    torch.testing.assert_close(out, want.float(), atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(i8(x, q, scale), want.float(), atol=1e-4, rtol=1e-5)
 
 
 def _side(fused, one_call=True, kv_dtype=None):
