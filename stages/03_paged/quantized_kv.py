@@ -133,9 +133,7 @@ class QuantizedPool:
         return self.codes.shape
 
     def __getitem__(self, index) -> torch.Tensor:
-        if self.scales is None:
-            return self.codes[index].to(self.dtype)
-        return load_rows(self.codes[index], self.scales[index], self.dtype)
+        return load_rows(self.codes[index], None if self.scales is None else self.scales[index], self.dtype)
 
     def store(self, slots: torch.Tensor, x: torch.Tensor) -> None:
         """x [T, Hkv, D] into slots [T] (block * block_size + offset)."""

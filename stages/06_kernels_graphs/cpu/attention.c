@@ -401,6 +401,7 @@ int64_t paged_attention_rows_f32(
     int64_t heads, int64_t kv_heads, int64_t dim, int64_t block_size, float scale, int num_threads)
 {
     const int64_t group = heads / kv_heads, token_stride = kv_heads * dim;
+    const int rotated = kind == KV_INT8 || kind == KV_FP8;  /* codes of rotated rows (quantized_kv.py) */
     int64_t bad_rows = 0;
     #pragma omp parallel for collapse(2) schedule(dynamic, 1) num_threads(num_threads) reduction(+:bad_rows)
     for (int64_t i = 0; i < n; i++) {
@@ -429,8 +430,8 @@ int64_t paged_attention_rows_f32(
 
             const float *qh = q + rows[i] * q_row_stride + kv * group * dim;
             float maxs[MAX_GROUP], sums[MAX_GROUP], acc[MAX_GROUP * MAX_DIM], p[MAX_GROUP * MAX_BLOCK];
-            float q_rotated[kind == KV_INT8 || kind == KV_FP8 ? MAX_GROUP * MAX_DIM : 1];
-            if (kind == KV_INT8 || kind == KV_FP8) {  /* the pool's rows are rotated: so is the query */
+            float q_rotated[rotated ? MAX_GROUP * MAX_DIM : 1];
+            if (rotated) {  /* so is the query */
                 memcpy(q_rotated, qh, (size_t)(group * dim) * sizeof(float));
                 for (int64_t g = 0; g < group; g++) rotate_row(q_rotated + g * dim, dim);
                 qh = q_rotated;
@@ -517,7 +518,7 @@ int64_t paged_attention_rows_f32(
             float *o = out + (rows[i] * heads + kv * group) * dim;
             for (int64_t g = 0; g < group; g++) {
                 for (int64_t d = 0; d < dim; d++) o[g * dim + d] = acc[g * dim + d] / sums[g];
-                if (kind == KV_INT8 || kind == KV_FP8) rotate_row(o + g * dim, dim);  /* back from the values' basis */
+                if (rotated) rotate_row(o + g * dim, dim);  /* back from the values' basis */
             }
         }
     }

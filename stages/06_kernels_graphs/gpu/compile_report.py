@@ -229,9 +229,10 @@ def kv_write_cases(s: ModelShape) -> list[dict]:
             "stride_vd": 1, "stride_st": 1, "HEADS": s.kv_heads, "HEAD_DIM": s.head_dim,
             "BLOCK_H": _pow2(s.kv_heads), "BLOCK_D": _pow2(s.head_dim)}
     cases = [launch_case(s.name, _write_kv_kernel, args)]
+    from ..decode_attention import rotation
     from ..int8_kv.kv_write import _write_int8_kv_kernel  # the int8_kv room's: quantizing as it writes
     args = {**args, "k_cache_ptr": "*i8", "v_cache_ptr": "*i8", "ks_ptr": "*u8", "vs_ptr": "*u8",
-            **{k: v for k, v in _pools(True, s.head_dim).items() if not k.endswith("_ptr")}}
+            **rotation(s.head_dim)}
     return cases + [{**launch_case(s.name + INT8_KV, _write_int8_kv_kernel, args), "source": "int8_kv"}]
 
 
